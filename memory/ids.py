@@ -1,0 +1,25 @@
+"""Deterministic row ids and the strict user-id pattern that keeps filters injection-free."""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from memory.errors import InvalidUserIdError
+
+USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+def make_id(*parts: object) -> str:
+    """A stable 32-hex id from its parts (user, sources, content, stage version...)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(str(part).encode("utf-8", "surrogatepass"))
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+def validate_user_id(user_id: object) -> str:
+    """Return the id unchanged if it is a safe user id, else raise InvalidUserIdError."""
+    if not isinstance(user_id, str) or not USER_ID_PATTERN.match(user_id):
+        raise InvalidUserIdError(user_id)
+    return user_id

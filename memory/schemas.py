@@ -1,0 +1,224 @@
+"""The one place that defines every table's Arrow schema.
+
+Every row has a deterministic `id` (see `memory.ids.make_id`) and a `user_id`; memory rows carry
+provenance: `source_ids` (message ids), `run_id`, `backend`, `model`, `prompt_version`.
+Vector columns are fixed-size float32 lists whose width is the embedder's dimension.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+STR_LIST = pa.list_(pa.string())
+
+#: memory kinds the retriever can search, with the table each lives in
+MEMORY_TABLES = {"message": "messages", "fragment": "fragments", "insight": "insights"}
+
+CATEGORIES = ("factual", "experiential", "subjective")
+INFERENCE_TYPES = ("extension", "accumulation", "specification", "transformation", "connection")
+
+
+def vector_type(dim: int) -> pa.DataType:
+    return pa.list_(pa.float32(), dim)
+
+
+def _id_user() -> list[pa.Field]:
+    return [pa.field("id", pa.string(), nullable=False), pa.field("user_id", pa.string(), nullable=False)]
+
+
+def _provenance() -> list[pa.Field]:
+    return [
+        pa.field("source_ids", STR_LIST),
+        pa.field("run_id", pa.string()),
+        pa.field("backend", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("prompt_version", pa.string()),
+    ]
+
+
+def messages(dim: int) -> pa.Schema:
+    """One conversation turn as written; `vector` is filled by the embed stage."""
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("message_id", pa.string(), nullable=False),
+        pa.field("seq", pa.int32()),
+        pa.field("speaker", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("ts", TS),
+        pa.field("archive", pa.string()),
+        pa.field("vector", vector_type(dim), nullable=True),
+        pa.field("embed_model", pa.string()),
+    ])
+
+
+def sessions(dim: int) -> pa.Schema:
+    """One session per user; `observed` sessions got imported fragments and skip extraction."""
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("ts", TS),
+        pa.field("n_messages", pa.int32()),
+        pa.field("speakers", STR_LIST),
+        pa.field("archive", pa.string()),
+        pa.field("observed", pa.bool_()),
+    ])
+
+
+def fragments(dim: int) -> pa.Schema:
+    """PREMem step 1: one categorized piece of personal information."""
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string()),
+        pa.field("session_ts", TS),
+        pa.field("subject", pa.string()),
+        pa.field("category", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("date", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("cluster_id", pa.string()),
+        pa.field("vector", vector_type(dim)),
+    ] + _provenance())
+
+
+def insights(dim: int) -> pa.Schema:
+    """PREMem step 2: a fragment inferred across sessions over one linked cluster pair."""
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string()),
+        pa.field("session_ts", TS),
+        pa.field("link_id", pa.string()),
+        pa.field("inference_type", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("date", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("parent_ids", STR_LIST),
+        pa.field("vector", vector_type(dim)),
+    ] + _provenance())
+
+
+def observations(dim: int) -> pa.Schema:
+    """Facts recorded by an earlier LLM pass (LoCoMo `observation`), imported at ingest.
+
+    The extract stage turns them into fragments of their session instead of calling the LLM.
+    """
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string()),
+        pa.field("subject", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("source_ids", STR_LIST),
+        pa.field("archive", pa.string()),
+    ])
+
+
+def clusters(dim: int) -> pa.Schema:
+    """Per-session fragment clusters; the persistent pool is the unconsumed ones.
+
+    `consumed_ts` is the session time of the first later cluster it linked to, so the pool as of
+    any watermark W is: session_ts <= W and (consumed_ts is null or consumed_ts > W).
+    """
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string()),
+        pa.field("session_ts", TS),
+        pa.field("member_ids", STR_LIST),
+        pa.field("size", pa.int32()),
+        pa.field("centroid", vector_type(dim)),
+        pa.field("consumed_ts", TS, nullable=True),
+        pa.field("consumed_by", pa.string(), nullable=True),
+        pa.field("run_id", pa.string()),
+    ])
+
+
+def links(dim: int) -> pa.Schema:
+    """A connected pair (pool cluster p, new cluster c) with sim(p, c) > θ."""
+    return pa.schema(_id_user() + [
+        pa.field("pool_cluster_id", pa.string()),
+        pa.field("new_cluster_id", pa.string()),
+        pa.field("session_id", pa.string()),
+        pa.field("similarity", pa.float32()),
+        pa.field("run_id", pa.string()),
+    ])
+
+
+def watermarks(dim: int) -> pa.Schema:
+    """Per user: the newest session whose every stage is committed. Written last."""
+    return pa.schema(_id_user() + [
+        pa.field("last_session_ts", TS),
+        pa.field("sessions_done", pa.int32()),
+        pa.field("run_id", pa.string()),
+        pa.field("updated_at", TS),
+    ])
+
+
+def runs(dim: int) -> pa.Schema:
+    """One row per command run (ingest, consolidate, backfill) with its summary."""
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("kind", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("started_at", TS),
+        pa.field("finished_at", TS),
+        pa.field("users", STR_LIST),
+        pa.field("counts_json", pa.string()),
+        pa.field("llm_calls", pa.int64()),
+        pa.field("tokens_in", pa.int64()),
+        pa.field("tokens_out", pa.int64()),
+        pa.field("cache_hits", pa.int64()),
+        pa.field("quarantined", pa.int64()),
+        pa.field("seconds", pa.float64()),
+        pa.field("backend", pa.string()),
+        pa.field("model", pa.string()),
+    ])
+
+
+def quarantine(dim: int) -> pa.Schema:
+    """Rows and LLM answers set aside with the reason and the raw text; nothing is lost."""
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("user_id", pa.string(), nullable=True),
+        pa.field("stage", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("raw", pa.string()),
+        pa.field("run_id", pa.string()),
+        pa.field("created_at", TS),
+    ])
+
+
+def llm_cache(dim: int) -> pa.Schema:
+    """Content-addressed LLM responses: key = hash(model, messages, schema). `replay` reads this."""
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("backend", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("task", pa.string()),
+        pa.field("prompt_version", pa.string()),
+        pa.field("response", pa.string()),
+        pa.field("tokens_in", pa.int64()),
+        pa.field("tokens_out", pa.int64()),
+        pa.field("created_at", TS),
+    ])
+
+
+SCHEMAS = {
+    "messages": messages,
+    "sessions": sessions,
+    "fragments": fragments,
+    "insights": insights,
+    "observations": observations,
+    "clusters": clusters,
+    "links": links,
+    "watermarks": watermarks,
+    "runs": runs,
+    "quarantine": quarantine,
+    "llm_cache": llm_cache,
+}
+
+#: tables whose rows are scoped by user and get a scalar index on `user_id`
+USER_TABLES = ("messages", "sessions", "observations", "fragments", "insights", "clusters", "links",
+               "watermarks")
+
+
+def schema_for(name: str, dim: int) -> pa.Schema:
+    try:
+        return SCHEMAS[name](dim)
+    except KeyError:
+        raise KeyError(f"unknown table {name!r} (known: {', '.join(SCHEMAS)})") from None

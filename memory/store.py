@@ -1,0 +1,189 @@
+"""The LanceDB store: opening tables, scoped reads and idempotent upserts.
+
+Every user-scoped read goes through a typed filter (`lancedb.expr`) on a validated user id, so
+no value is interpolated into SQL. Writes are `merge_insert` upserts on the deterministic `id`,
+de-duplicated per batch, through one writer per run (concurrent merge_insert of the same new key
+can duplicate upstream).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any, Iterable
+
+import lancedb
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.expr import Expr, col, lit
+
+from memory import schemas
+from memory.errors import StoreError
+from memory.ids import validate_user_id
+
+log = logging.getLogger(__name__)
+
+
+def user_filter(user_id: str) -> Expr:
+    """The typed `user_id = ...` filter for one validated user."""
+    return col("user_id") == lit(validate_user_id(user_id))
+
+
+class Store:
+    """A LanceDB database holding every mnemo table; `dim` is the embedder's vector width."""
+
+    def __init__(self, uri: str, dim: int = 384, *, consistency_s: float | None = 0.0) -> None:
+        self.uri = str(uri)
+        self.dim = dim
+        interval = None if consistency_s is None else timedelta(seconds=consistency_s)
+        try:
+            self.db = lancedb.connect(self.uri, read_consistency_interval=interval)
+        except Exception as exc:  # lancedb raises plain errors for bad URIs
+            raise StoreError(f"cannot open store {self.uri!r}: {exc}", uri=self.uri) from exc
+        self._tables: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- tables ---------------------------------------------------------------------------
+    def table_names(self) -> list[str]:
+        names = self.db.list_tables() if hasattr(self.db, "list_tables") else self.db.table_names()
+        tables = getattr(names, "tables", names)
+        return list(tables)
+
+    def has_table(self, name: str) -> bool:
+        return name in self.table_names()
+
+    def table(self, name: str) -> Any:
+        """Open a table, creating it empty with its schema when missing."""
+        with self._lock:
+            tbl = self._tables.get(name)
+            if tbl is None:
+                schema = schemas.schema_for(name, self.dim)
+                if self.has_table(name):
+                    tbl = self.db.open_table(name)
+                    self._check_dim(name, tbl.schema)
+                else:
+                    tbl = self.db.create_table(name, schema=schema, exist_ok=True)
+                self._tables[name] = tbl
+            return tbl
+
+    def _check_dim(self, name: str, schema: pa.Schema) -> None:
+        for field in schema:
+            if pa.types.is_fixed_size_list(field.type) and field.type.list_size != self.dim:
+                raise StoreError(
+                    f"table {name!r} in {self.uri} stores {field.type.list_size}-d vectors but the "
+                    f"embedder makes {self.dim}-d ones: use the store's original embedder or a new store",
+                    table=name, stored_dim=field.type.list_size, dim=self.dim,
+                )
+
+    # -- writes ---------------------------------------------------------------------------
+    def conform(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> pa.Table:
+        """Cast rows to the table's schema (missing nullable columns become nulls)."""
+        schema = schemas.schema_for(name, self.dim)
+        if isinstance(data, pl.DataFrame):
+            data = data.to_arrow()
+        if isinstance(data, list):
+            return pa.Table.from_pylist(data, schema=schema)
+        cols = []
+        for field in schema:
+            if field.name in data.column_names:
+                cols.append(data.column(field.name).cast(field.type))
+            else:
+                cols.append(pa.nulls(data.num_rows, field.type))
+        return pa.Table.from_arrays(cols, schema=schema)
+
+    def upsert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
+        """Insert or replace rows by `id`; returns the number of rows written."""
+        table = self.conform(name, data)
+        if table.num_rows == 0:
+            return 0
+        table = _dedupe_last(table)
+        tbl = self.table(name)
+        tbl.checkout_latest()
+        (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(table))
+        self._ensure_user_index(name, tbl)
+        return table.num_rows
+
+    def delete(self, name: str, where: Expr) -> None:
+        self.table(name).delete(where)
+
+    def _ensure_user_index(self, name: str, tbl: Any) -> None:
+        if name not in schemas.USER_TABLES:
+            return
+        if any("user_id" in idx.columns for idx in tbl.list_indices()):
+            return
+        try:
+            tbl.create_scalar_index("user_id", index_type="BTREE")
+        except Exception as exc:  # an index is an optimisation; never fail a write for it
+            log.warning("could not index %s.user_id: %s", name, exc)
+
+    def optimize(self) -> None:
+        """Compact files and refresh indices after big runs (every add() makes a version)."""
+        for name in self.table_names():
+            try:
+                self.table(name).optimize()
+            except Exception as exc:
+                log.warning("optimize %s failed: %s", name, exc)
+
+    # -- reads ----------------------------------------------------------------------------
+    def read(
+        self,
+        name: str,
+        user_id: str | None = None,
+        *,
+        columns: list[str] | None = None,
+        where: Expr | None = None,
+    ) -> pa.Table:
+        """Rows of one table, scoped to one user when `user_id` is given."""
+        if not self.has_table(name):
+            return schemas.schema_for(name, self.dim).empty_table() if columns is None else \
+                schemas.schema_for(name, self.dim).empty_table().select(columns)
+        tbl = self.table(name)
+        tbl.checkout_latest()
+        cond = user_filter(user_id) if user_id is not None else None
+        if where is not None:
+            cond = where if cond is None else (cond & where)
+        q = tbl.search()
+        if cond is not None:
+            q = q.where(cond)
+        if columns is not None:
+            q = q.select(columns)
+        return q.limit(None).to_arrow()
+
+    def read_ids(self, name: str, ids: Iterable[str], *, columns: list[str] | None = None) -> pa.Table:
+        ids = list(ids)
+        if not ids or not self.has_table(name):
+            return schemas.schema_for(name, self.dim).empty_table()
+        return self.read(name, columns=columns, where=col("id").isin(ids))
+
+    def users(self) -> list[str]:
+        """Every user with ingested messages, sorted."""
+        t = self.read("messages", columns=["user_id"])
+        return sorted(set(t.column("user_id").to_pylist()))
+
+    def count_by_user(self, name: str) -> dict[str, int]:
+        if not self.has_table(name):
+            return {}
+        t = self.read(name, columns=["user_id"])
+        if t.num_rows == 0:
+            return {}
+        vc = pc.value_counts(t.column("user_id")).to_pylist()
+        return {d["values"]: d["counts"] for d in vc}
+
+    def version(self, name: str) -> int:
+        if not self.has_table(name):
+            return 0
+        tbl = self.table(name)
+        tbl.checkout_latest()
+        return int(tbl.version)
+
+
+def _dedupe_last(table: pa.Table) -> pa.Table:
+    """Keep the last row per id (merge_insert with duplicate source keys is an error)."""
+    ids = table.column("id").to_pylist()
+    if len(set(ids)) == len(ids):
+        return table
+    last: dict[str, int] = {}
+    for i, key in enumerate(ids):
+        last[key] = i
+    return table.take(sorted(last.values()))
