@@ -100,7 +100,8 @@ class Store:
         table = _dedupe_last(table)
         tbl = self.table(name)
         tbl.checkout_latest()
-        (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(table))
+        (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+         .execute(table, on_bad_vectors="null"))
         self._ensure_user_index(name, tbl)
         return table.num_rows
 
