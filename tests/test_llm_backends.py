@@ -1,0 +1,293 @@
+"""The `openai` backend against a real OpenAI-compatible HTTP server on loopback (scripted per test),
+through `LLMRunner` where retries and quarantine matter; the `vllm` backend against a fake `LLM`."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from memory.errors import ConfigError, LLMError, LLMTransientError, OptionalDependencyError
+from memory.llm.base import LLMRequest
+from memory.llm.openai_backend import OpenAIBackend
+from memory.llm.runner import LLMRunner
+from memory.llm.vllm_backend import VLLMBackend, _vllm
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "minLength": 1}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+OTHER_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def _request(text: str, schema: dict[str, Any] = SCHEMA, task: str = "extract") -> LLMRequest:
+    return LLMRequest(task=task, prompt_version="test-v1",
+                      messages=[{"role": "system", "content": "Answer in JSON."},
+                                {"role": "user", "content": text}],
+                      schema=schema)
+
+
+# -- a scripted OpenAI-compatible server ---------------------------------------------------------
+@dataclass
+class Script:
+    """What the server does with each next request: a queue of actions, then `default`."""
+
+    actions: deque[str] = field(default_factory=deque)
+    default: str = "valid"
+    by_text: dict[str, str] = field(default_factory=dict)  # user message -> action, every time
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next(self, body: dict[str, Any]) -> str:
+        with self.lock:
+            self.bodies.append(body)
+            user = body["messages"][1]["content"]
+            if user in self.by_text:
+                return self.by_text[user]
+            return self.actions.popleft() if self.actions else self.default
+
+
+def _completion(body: dict[str, Any], content: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
+def _app(state: dict[str, Script]) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        script = state["script"]
+        body = await request.json()
+        action = script.next(body)
+        with script.lock:
+            script.in_flight += 1
+            script.max_in_flight = max(script.max_in_flight, script.in_flight)
+        try:
+            if action == "slow":
+                await asyncio.sleep(0.05)
+            if action == "hang":
+                await asyncio.sleep(1.5)
+            if action == "429":
+                return JSONResponse({"error": {"message": "slow down", "type": "rate_limit"}}, status_code=429,
+                                    headers={"retry-after": "0", "retry-after-ms": "10"})
+            if action in ("500", "401", "400"):
+                return JSONResponse({"error": {"message": f"scripted {action}"}}, status_code=int(action),
+                                    headers={"retry-after-ms": "10"})
+            user = body["messages"][1]["content"]
+            content = {"malformed": '{"answer": "unfinished',
+                       "wrong": '{"answer": ""}'}.get(action, json.dumps({"answer": user}))
+            return JSONResponse(_completion(body, content))
+        finally:
+            with script.lock:
+                script.in_flight -= 1
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, dict[str, Script]]]:
+    state = {"script": Script()}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(_app(state), log_level="warning", access_log=False,
+                                        timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        assert time.monotonic() < deadline, "test server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}/v1", state
+    srv.should_exit = True
+    thread.join(5)
+    sock.close()
+
+
+@pytest.fixture
+def script(server: tuple[str, dict[str, Script]]) -> Script:
+    server[1]["script"] = Script()
+    return server[1]["script"]
+
+
+def _backend(server: tuple[str, dict[str, Script]], **kw: Any) -> OpenAIBackend:
+    opts: dict[str, Any] = dict(model="test-model", base_url=server[0], concurrency=4, timeout_s=5.0,
+                                max_retries=2)
+    opts.update(kw)
+    return OpenAIBackend(**opts)
+
+
+# -- openai ----------------------------------------------------------------------------------------
+def test_valid_answers_in_order_with_tokens(server: Any, script: Script) -> None:
+    script.default = "slow"
+    backend = _backend(server)
+    requests = [_request(f"q{i}") for i in range(6)]
+    responses = backend.complete(requests)
+    assert [json.loads(r.text)["answer"] for r in responses] == [f"q{i}" for i in range(6)]
+    assert all(r.error is None and r.tokens_in == 11 and r.tokens_out == 7 for r in responses)
+
+
+def test_request_carries_model_and_json_schema(server: Any, script: Script) -> None:
+    _backend(server, max_tokens=123, temperature=0.0).complete([_request("hello", task="reason")])
+    (body,) = script.bodies
+    assert body["model"] == "test-model"
+    assert body["messages"][1] == {"role": "user", "content": "hello"}
+    assert body["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "reason", "schema": SCHEMA, "strict": True}}
+    assert body["max_completion_tokens"] == 123 and body["temperature"] == 0.0
+
+
+def test_concurrency_bound_is_respected(server: Any, script: Script) -> None:
+    script.default = "slow"
+    responses = _backend(server, concurrency=3).complete([_request(f"q{i}") for i in range(12)])
+    assert all(r.error is None for r in responses)
+    assert len(script.bodies) == 12
+    assert script.max_in_flight == 3
+
+
+@pytest.mark.parametrize("status", ["429", "500"])
+def test_transient_status_is_retried_by_the_client(server: Any, script: Script, status: str) -> None:
+    script.actions.extend([status])
+    (resp,) = _backend(server).complete([_request("again")])
+    assert resp.error is None and json.loads(resp.text) == {"answer": "again"}
+    assert len(script.bodies) == 2
+
+
+def test_auth_and_bad_request_are_not_retried(server: Any, script: Script) -> None:
+    script.actions.extend(["401", "400"])
+    r401, r400 = _backend(server, concurrency=1).complete([_request("a"), _request("b")])
+    assert r401.text is None and r401.error.startswith("fatal:") and "401" in r401.error
+    assert r400.text is None and r400.error.startswith("rejected:") and "400" in r400.error
+    assert len(script.bodies) == 2
+
+
+def test_malformed_then_valid_through_runner(server: Any, script: Script) -> None:
+    script.actions.extend(["malformed"])
+    runner = LLMRunner(_backend(server))
+    answers, bad = runner.run([_request("fix me")])
+    assert answers == [{"answer": "fix me"}] and bad == []
+    assert runner.stats.calls == 2 and runner.stats.retries == 1 and runner.stats.tokens_in == 22
+    reask = script.bodies[1]["messages"]
+    assert len(reask) == 3 and reask[-1]["role"] == "user" and "not valid JSON" in reask[-1]["content"]
+
+
+def test_malformed_twice_is_quarantined_with_raw_text(server: Any, script: Script) -> None:
+    script.actions.extend(["malformed", "wrong"])
+    runner = LLMRunner(_backend(server))
+    answers, bad = runner.run([_request("hopeless")])
+    assert answers == [None]
+    (q,) = bad
+    assert q.raw == '{"answer": ""}' and "schema violation" in q.reason
+    assert q.request.messages[-1]["content"] == "hopeless"  # the original request, not the re-ask
+    assert runner.stats.quarantined == 1 and runner.stats.calls == 2
+
+
+def test_timeout_ends_in_transient_error_from_runner(server: Any, script: Script) -> None:
+    script.by_text["slow one"] = "hang"
+    backend = _backend(server, timeout_s=0.3, max_retries=1)
+    runner = LLMRunner(backend)
+    start = time.monotonic()
+    with pytest.raises(LLMTransientError) as err:
+        runner.run([_request("slow one"), _request("fine")])
+    assert time.monotonic() - start < 5
+    assert err.value.failed == 1 and "APITimeoutError" in str(err.value)
+    assert len(script.bodies) == 3  # the hanging one twice (one client retry), the other once
+
+
+def test_auth_failure_is_not_transient(server: Any, script: Script) -> None:
+    script.default = "401"
+    with pytest.raises(LLMError) as err:
+        LLMRunner(_backend(server)).run([_request("a")])
+    assert not isinstance(err.value, LLMTransientError)
+
+
+def test_works_from_worker_threads(server: Any, script: Script) -> None:
+    backend = _backend(server)
+    results: dict[int, list[Any]] = {}
+
+    def work(n: int) -> None:
+        results[n] = backend.complete([_request(f"t{n}-{i}") for i in range(3)])
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert all(json.loads(r.text)["answer"] == f"t{n}-{i}" for n in range(3) for i, r in enumerate(results[n]))
+
+
+def test_model_is_required() -> None:
+    with pytest.raises(ConfigError, match="model"):
+        OpenAIBackend(model="")
+
+
+# -- vllm ------------------------------------------------------------------------------------------
+class FakeLLM:
+    """Speaks `vllm.LLM.chat`'s signature and returns RequestOutput-shaped objects."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def chat(self, messages: Any, sampling_params: Any = None, use_tqdm: bool = True,
+             chat_template: str | None = None, **kwargs: Any) -> list[Any]:
+        self.calls.append({"messages": messages, "sampling_params": sampling_params, "use_tqdm": use_tqdm})
+        outs = []
+        for conv in messages:
+            text = json.dumps({"answer": conv[-1]["content"]})
+            outs.append(SimpleNamespace(prompt_token_ids=list(range(5)),
+                                        outputs=[SimpleNamespace(text=text, token_ids=[1, 2, 3],
+                                                                 finish_reason="stop")]))
+        return outs
+
+
+def _schema_of(params: Any) -> dict[str, Any]:
+    return params.json_schema if hasattr(params, "json_schema") else params.structured_outputs.json
+
+
+def test_vllm_one_chat_call_per_batch_with_params_per_schema() -> None:
+    fake = FakeLLM()
+    backend = VLLMBackend(model="m", max_tokens=512, temperature=0.0, llm=fake)
+    requests = [_request("a"), _request("b", schema=OTHER_SCHEMA), _request("c")]
+    responses = backend.complete(requests)
+    assert len(fake.calls) == 1
+    call = fake.calls[0]
+    assert call["use_tqdm"] is False and len(call["messages"]) == 3
+    params = call["sampling_params"]
+    assert isinstance(params, list) and len(params) == 3
+    assert all(p.max_tokens == 512 and p.temperature == 0.0 for p in params)
+    assert [_schema_of(p) for p in params] == [SCHEMA, OTHER_SCHEMA, SCHEMA]
+    assert params[0] is params[2]
+    assert [json.loads(r.text)["answer"] for r in responses] == ["a", "b", "c"]
+    assert all(r.tokens_in == 5 and r.tokens_out == 3 for r in responses)
+
+
+def test_vllm_through_runner_caches_nothing_without_cache() -> None:
+    fake = FakeLLM()
+    answers, bad = LLMRunner(VLLMBackend(model="m", llm=fake)).run([_request("x"), _request("y")])
+    assert answers == [{"answer": "x"}, {"answer": "y"}] and bad == [] and len(fake.calls) == 1
+
+
+@pytest.mark.skipif(_vllm() is not None, reason="vllm is installed")
+def test_vllm_missing_is_an_optional_dependency_error() -> None:
+    with pytest.raises(OptionalDependencyError, match="vllm"):
+        VLLMBackend(model="some/model")

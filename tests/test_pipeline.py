@@ -1,0 +1,194 @@
+"""The consolidation stages alone and together, without Prefect: idempotence, crash recovery,
+batch-split equivalence, quarantine of malformed LLM answers, tenant scoping."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memory import pipeline
+from memory.ingest import ingest
+from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
+from memory.runs import consolidate, open_store, stats
+from memory.settings import Settings
+from memory.store import Store
+
+SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
+MEMORY_TABLES = ("messages", "fragments", "insights", "clusters", "links", "watermarks")
+
+
+def _settings(tmp_path: Path, name: str = "store", **kw: Any) -> Settings:
+    return Settings(store=str(tmp_path / name), **kw)
+
+
+def _snapshot(store: Store) -> dict[str, set[str]]:
+    """Ids per table, plus content of the memory rows (run ids and timestamps excluded)."""
+    snap: dict[str, set[str]] = {}
+    for name in MEMORY_TABLES:
+        t = store.read(name)
+        ids = t.column("id").to_pylist()
+        assert len(ids) == len(set(ids)), f"duplicate ids in {name}"
+        snap[name] = set(ids)
+    for name in ("fragments", "insights"):
+        rows = store.read(name, columns=["id", "text", "date", "source_ids"]).to_pylist()
+        snap[name + ":content"] = {json.dumps(r, sort_keys=True) for r in rows}
+    return snap
+
+
+def _split_sample(tmp_path: Path) -> tuple[Path, Path]:
+    """The sample archive cut in two by session time: earlier sessions first."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    firsts: dict[tuple[str, str], str] = {}
+    for r in rows:
+        key = (r["user_id"], r["session_id"])
+        firsts[key] = min(firsts.get(key, r["timestamp"]), r["timestamp"])
+    order = sorted(firsts, key=lambda k: firsts[k])
+    early = set(order[: len(order) // 2])
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) in early) + "\n")
+    b.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) not in early) + "\n")
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def consolidated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Store, Any]:
+    tmp = tmp_path_factory.mktemp("once")
+    settings = _settings(tmp)
+    store = open_store(settings)
+    ingest(store, SAMPLE, "jsonl")
+    report = consolidate(store, settings)
+    return settings, store, report
+
+
+def test_stages_run_alone(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    store = open_store(settings)
+    ingest(store, SAMPLE, "jsonl")
+    users = store.users()
+    state = pipeline.load_shard(store, users, "run-test")
+    assert state.sessions and all(s.messages for s in state.sessions)
+
+    state = pipeline.extract(state, store, settings)
+    assert state.fragments
+    msg_ids = {(m["user_id"], m["message_id"]) for m in state.message_rows}
+    for f in state.fragments:
+        assert f["category"] in ("factual", "experiential", "subjective")
+        assert f["source_ids"] and all((f["user_id"], sid) in msg_ids for sid in f["source_ids"])
+
+    state = pipeline.embed(state, settings)
+    vecs = np.stack([f["vector"] for f in state.fragments])
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+
+    state = pipeline.link(state, settings)
+    assert state.clusters and all(f.get("cluster_id") for f in state.fragments)
+    assert all(lk.similarity > settings.theta for lk in state.links)
+
+    state = pipeline.reason(state, store, settings)
+    state = pipeline.embed_insights(state, store, settings)
+    for row in state.insights:
+        assert row["inference_type"] in ("extension", "accumulation", "specification", "transformation", "connection")
+        assert row["source_ids"] and len(row["vector"]) == 384
+
+    assert store.count_by_user("fragments") == {}  # nothing written before commit
+    written = pipeline.commit(store, state)
+    assert written["fragments"] == len(state.fragments)
+    assert store.read("watermarks").num_rows == len(users)
+
+
+def test_consolidation_makes_memory(consolidated: tuple[Settings, Store, Any]) -> None:
+    _, store, report = consolidated
+    counts = stats(store)["users"]
+    assert set(counts) == {"alice", "bob"} or len(counts) >= 2
+    for row in counts.values():
+        assert row["messages"] > 0 and row["fragments"] > 0
+    assert sum(r["insights"] for r in counts.values()) > 0
+    assert report.counts["fragments"] == sum(r["fragments"] for r in counts.values())
+    assert [r["kind"] for r in store.read("runs").to_pylist()].count("consolidate") == 1
+
+
+def test_rerun_changes_nothing(consolidated: tuple[Settings, Store, Any]) -> None:
+    settings, store, _ = consolidated
+    before = _snapshot(store)
+    again = consolidate(store, settings)
+    assert again.counts.get("sessions", 0) == 0 and again.llm.get("calls", 0) == 0
+    assert _snapshot(store) == before
+
+
+def test_two_batches_equal_one(consolidated: tuple[Settings, Store, Any], tmp_path: Path) -> None:
+    _, one, _ = consolidated
+    a, b = _split_sample(tmp_path)
+    settings = _settings(tmp_path, "two")
+    two = open_store(settings)
+    ingest(two, a, "jsonl")
+    consolidate(two, settings)
+    ingest(two, b, "jsonl")
+    consolidate(two, settings)
+    s1, s2 = _snapshot(one), _snapshot(two)
+    for key in ("fragments", "insights", "fragments:content", "insights:content", "clusters", "links"):
+        assert s1[key] == s2[key], key
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("crash_before", ["clusters", "insights", "watermarks"])
+def test_crash_mid_commit_then_rerun(consolidated: tuple[Settings, Store, Any], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, crash_before: str) -> None:
+    """A run killed between two writes of a stage, run again, equals an uninterrupted run."""
+    _, clean, _ = consolidated
+    settings = _settings(tmp_path)
+    store = open_store(settings)
+    ingest(store, SAMPLE, "jsonl")
+    real = Store.upsert
+
+    def crashing(self: Store, name: str, data: Any) -> int:
+        if name == crash_before:
+            raise _Crash(f"killed before writing {name}")
+        return real(self, name, data)
+
+    monkeypatch.setattr(Store, "upsert", crashing)
+    with pytest.raises(_Crash):
+        consolidate(store, settings)
+    monkeypatch.setattr(Store, "upsert", real)
+    consolidate(store, settings)
+    assert _snapshot(store) == _snapshot(clean)
+
+
+@register_backend("malformed-extract")
+class _MalformedExtract(LLMBackend):
+    """Answers extraction with broken JSON (twice: the retry too), reasoning correctly."""
+
+    name = "malformed-extract"
+    live = False
+    default_model = "broken-v1"
+
+    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
+        return [LLMResponse(text='{"Factual_Information": [ oops') if r.task == "extract"
+                else LLMResponse(text='{"extended_insight": []}') for r in requests]
+
+
+def test_malformed_answers_are_quarantined_and_run_goes_on(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, llm="malformed-extract")
+    store = open_store(settings)
+    ingest(store, SAMPLE, "jsonl")
+    report = consolidate(store, settings)
+    q = store.read("quarantine").to_pylist()
+    extract_q = [r for r in q if r["stage"] == "extract"]
+    assert len(extract_q) == report.counts["sessions"] > 0
+    assert all("oops" in r["raw"] and r["reason"] for r in extract_q)
+    assert report.llm["calls"] == 2 * report.counts["sessions"]  # each retried once
+    assert store.read("watermarks").num_rows == len(store.users())
+
+
+def test_rows_stay_with_their_user(consolidated: tuple[Settings, Store, Any]) -> None:
+    _, store, _ = consolidated
+    for user in store.users():
+        own = set(store.read("messages", user, columns=["message_id"]).column("message_id").to_pylist())
+        for name in ("fragments", "insights"):
+            rows = store.read(name, user, columns=["user_id", "source_ids"]).to_pylist()
+            assert all(r["user_id"] == user for r in rows)
+            assert all(set(r["source_ids"]) <= own for r in rows)
