@@ -80,9 +80,15 @@ def consolidate(
                                              dask_address=dask_address)
     overrides = _overrides(settings, llm=llm, llm_model=llm_model)
     if engine == "local":
-        from memory.runs import consolidate as run_local, open_store
+        from rich.progress import Progress
 
-        report = run_local(open_store(settings), settings, _users(users))
+        from memory.runs import consolidate as run_local, open_store, plan_shards
+
+        store = open_store(settings)
+        total = len(plan_shards(store, _users(users), settings.shard_size))
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task("consolidating shards", total=total)
+            report = run_local(store, settings, _users(users), on_shard=lambda _: progress.advance(bar))
         typer.echo(report.summary())
         return
     from flows.consolidate import run_flow
