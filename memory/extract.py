@@ -66,7 +66,7 @@ def observation_items(session: SessionWork) -> list[dict[str, Any]]:
         content = obs["content"].strip()
         category = categorize(content)
         items.append({
-            "subject": obs["subject"], "category": category, "key": key_phrase(content),
+            "subject": obs["subject"], "category": category, "key": key_phrase(content, obs["subject"]),
             "content": content, "date": normalize_date(content, session.ts, category),
             "source_ids": list(obs["source_ids"]),
         })
