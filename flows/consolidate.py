@@ -51,7 +51,8 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-_stage = dict(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_transient)
+#: waits before the retries of an LLM stage (tests set them to zero)
+RETRY_DELAYS_S = [5, 30]
 
 
 @task(name="load", cache_policy=NO_CACHE)
@@ -59,32 +60,26 @@ def load_task(users: list[str], overrides: dict[str, Any], run_id: str) -> Shard
     return pipeline.load_shard(_open(_settings(overrides)), users, run_id)
 
 
-@task(name="extract", **_stage)
-def extract_task(state: ShardState, overrides: dict[str, Any]) -> ShardState:
+@task(name="stage", cache_policy=NO_CACHE)
+def stage_task(name: str, state: ShardState, overrides: dict[str, Any]) -> ShardState:
+    """One consolidation stage of one shard (see `memory.pipeline.stages`)."""
+    if not state.sessions:
+        return state
     s = _settings(overrides)
-    return pipeline.extract(state, _open(s), s) if state.sessions else state
+    fn = {n: f for n, f, _ in pipeline.stages()}[name]
+    return fn(state, _open(s), s)
 
 
-@task(name="embed", cache_policy=NO_CACHE)
-def embed_task(state: ShardState, overrides: dict[str, Any]) -> ShardState:
-    return pipeline.embed(state, _settings(overrides)) if state.sessions else state
-
-
-@task(name="link", cache_policy=NO_CACHE)
-def link_task(state: ShardState, overrides: dict[str, Any]) -> ShardState:
-    return pipeline.link(state, _settings(overrides)) if state.sessions else state
-
-
-@task(name="reason", **_stage)
-def reason_task(state: ShardState, overrides: dict[str, Any]) -> ShardState:
-    s = _settings(overrides)
-    return pipeline.reason(state, _open(s), s) if state.sessions else state
-
-
-@task(name="embed-insights", cache_policy=NO_CACHE)
-def embed_insights_task(state: ShardState, overrides: dict[str, Any]) -> ShardState:
-    s = _settings(overrides)
-    return pipeline.embed_insights(state, _open(s), s) if state.sessions else state
+def _stage_tasks() -> list[Any]:
+    """One Prefect task per stage; LLM stages retry on transient errors only."""
+    out = []
+    for name, _, retry in pipeline.stages():
+        opts: dict[str, Any] = {"name": name, "task_run_name": name}
+        if retry:
+            opts.update(retries=len(RETRY_DELAYS_S), retry_delay_seconds=list(RETRY_DELAYS_S),
+                        retry_condition_fn=_transient)
+        out.append((name, stage_task.with_options(**opts)))
+    return out
 
 
 def task_runner_for(settings: Settings) -> Any:
@@ -102,6 +97,22 @@ def task_runner_for(settings: Settings) -> Any:
     return ThreadPoolTaskRunner(max_workers=max(1, settings.max_workers))
 
 
+def _shard_result(chain: list[Any]) -> ShardState:
+    """The shard's final state, or the error of the stage that failed.
+
+    When a stage fails, the stages after it end `NotReady` and the last one's `result()` only says
+    "Run is in PENDING state": raise the failed stage's own exception instead.
+    """
+    final = chain[-1]
+    final.wait()
+    if not final.state.is_completed():
+        for fut in chain:
+            fut.wait()
+            if fut.state.is_failed() or fut.state.is_crashed():
+                fut.result()  # raises the stage's exception
+    return final.result()
+
+
 def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[str, Any]:
     logger = get_run_logger()
     start = time.perf_counter()
@@ -110,25 +121,37 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
     report = new_report(kind, settings)
     shards = plan_shards(store, users, settings.shard_size)
     logger.info("%s %s: %d shards of up to %d users", kind, report.run_id, len(shards), settings.shard_size)
-    futures = []
+    chains: dict[Any, tuple[list[str], list[Any]]] = {}
     for shard in shards:
-        s = load_task.submit(shard, overrides, report.run_id)
-        s = extract_task.submit(s, overrides)
-        s = embed_task.submit(s, overrides)
-        s = link_task.submit(s, overrides)
-        s = reason_task.submit(s, overrides)
-        futures.append(embed_insights_task.submit(s, overrides))
+        chain = [load_task.submit(shard, overrides, report.run_id)]
+        for name, stage in _stage_tasks():
+            chain.append(stage.submit(name, chain[-1], overrides))
+        chains[chain[-1].task_run_id] = (shard, chain)
     done = 0
-    for fut in as_completed(futures):
-        state = fut.result()
+    failed: list[tuple[list[str], Exception]] = []
+    for fut in as_completed([chain[-1] for _, chain in chains.values()]):
+        shard, chain = chains[fut.task_run_id]
+        try:
+            state = _shard_result(chain)
+        except Exception as exc:
+            # keep committing the other shards (their work is done); this one is redone next run
+            failed.append((shard, exc))
+            logger.error("shard of users %s failed: %s: %s", shard, type(exc).__name__, exc)
+            continue
         if state.sessions:
             pipeline.commit(store, state)  # the flow is the one writer of the run
         report.add(state)
         done += 1
         logger.info("shard %d/%d committed: %s", done, len(shards), state.counts())
     report.seconds = time.perf_counter() - start
+    if failed:
+        report.status = "failed"
     store.upsert("runs", [report.runs_row()])
     logger.info(report.summary())
+    if failed:
+        logger.error("%d of %d shards failed; their users keep their watermarks and are redone next run",
+                     len(failed), len(shards))
+        raise failed[0][1]
     return {"run_id": report.run_id, "summary": report.summary(), "counts": report.counts, "llm": report.llm}
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
@@ -52,6 +52,8 @@ class ShardState:
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     llm: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    #: rows of later stages' tables (graph, summaries, topics...), written by `commit`
+    extra: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -186,7 +188,7 @@ def _quarantined_sessions(bad: list[Any], sessions: list[SessionWork]) -> list[t
     return out
 
 
-def embed(state: ShardState, settings: Settings) -> ShardState:
+def embed(state: ShardState, store: Store, settings: Settings) -> ShardState:
     """Embed every new message and fragment of the shard in one batch."""
     start = time.perf_counter()
     embedder = embedder_for(settings)
@@ -202,7 +204,7 @@ def embed(state: ShardState, settings: Settings) -> ShardState:
     return state
 
 
-def link(state: ShardState, settings: Settings) -> ShardState:
+def link(state: ShardState, store: Store, settings: Settings) -> ShardState:
     """Cluster each session's fragments and link them to the user's pool, session by session."""
     start = time.perf_counter()
     by_session: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -286,6 +288,8 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         "insights": store.upsert("insights", state.insights),
         "quarantine": store.upsert("quarantine", state.quarantine),
     }
+    for name, rows in state.extra.items():
+        written[name] = store.upsert(name, rows)
     now = datetime.now(timezone.utc)
     marks = []
     for user in state.users:
@@ -309,15 +313,29 @@ def _touched_clusters(state: ShardState) -> list[Cluster]:
     return list(out.values())
 
 
+Stage = Callable[[ShardState, Store, Settings], ShardState]
+
+
+def stages() -> list[tuple[str, Stage, bool]]:
+    """The ordered stages between load and commit: (name, function, retry on transient LLM errors).
+
+    Later layers (MemWeaver graph and summaries, RMM topics) add their stage here.
+    """
+    return [
+        ("extract", extract, True),
+        ("embed", embed, False),
+        ("link", link, False),
+        ("reason", reason, True),
+        ("embed-insights", embed_insights, False),
+    ]
+
+
 def run_shard(store: Store, users: list[str], settings: Settings, run_id: str) -> ShardState:
     """All stages for one shard, in order, without Prefect."""
     state = load_shard(store, users, run_id)
     if not state.sessions:
         return state
-    state = extract(state, store, settings)
-    state = embed(state, settings)
-    state = link(state, settings)
-    state = reason(state, store, settings)
-    state = embed_insights(state, store, settings)
+    for _, stage, _ in stages():
+        state = stage(state, store, settings)
     commit(store, state)
     return state

@@ -78,11 +78,11 @@ def test_stages_run_alone(tmp_path: Path) -> None:
         assert f["category"] in ("factual", "experiential", "subjective")
         assert f["source_ids"] and all((f["user_id"], sid) in msg_ids for sid in f["source_ids"])
 
-    state = pipeline.embed(state, settings)
+    state = pipeline.embed(state, store, settings)
     vecs = np.stack([f["vector"] for f in state.fragments])
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
 
-    state = pipeline.link(state, settings)
+    state = pipeline.link(state, store, settings)
     assert state.clusters and all(f.get("cluster_id") for f in state.fragments)
     assert all(lk.similarity > settings.theta for lk in state.links)
 
