@@ -151,12 +151,21 @@ def bench_consolidate(
     typer.echo(run(path, fmt, store=store))
 
 
+#: modules that add their commands with `register(app, bench_app)`
+COMMAND_MODULES = ("retrieval.cli", "flows.cli_memweaver", "flows.cli_rmm")
+
+
 def _register_plugins() -> None:
-    try:
-        from retrieval.cli import register
-    except ImportError:
-        return
-    register(app, bench_app)
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(app, bench_app)
 
 
 _register_plugins()
