@@ -8,6 +8,7 @@ All flow tests share one session-scoped `prefect_test_harness` (a Prefect server
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -102,7 +103,7 @@ def _final_task_run(flow_run_id: str, task: str, timeout_s: float = 20.0) -> Any
     """The one run of `task` in a flow run, once the API recorded its final state (events lag a little)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        runs = [t for t in _task_runs(flow_run_id) if t.name.rsplit("-", 1)[0] == task]
+        runs = [t for t in _task_runs(flow_run_id) if re.fullmatch(rf"{task}(-[0-9a-f]+)?", t.name)]
         if len(runs) == 1 and runs[0].state_type is not None and runs[0].state_type.value in ("COMPLETED", "FAILED"):
             return runs[0]
         assert time.monotonic() < deadline, f"no final {task} task run recorded: {runs}"

@@ -1,0 +1,85 @@
+"""The consolidate flow on a real local Dask cluster (2 worker processes, through prefect-dask)
+builds exactly the memory the default thread runner builds on an identical store."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from flows.consolidate import run_flow, task_runner_for
+from memory.ingest import ingest
+from memory.runs import open_store, stats
+from memory.settings import Settings
+from memory.store import Store
+
+pytestmark = pytest.mark.slow
+
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample.jsonl"
+ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One temporary Prefect server (SQLite) for the session; reused if another file started one."""
+    import prefect.settings
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.testing.utilities import prefect_test_harness
+
+    running = SubprocessASGIServer._instances.get(None)
+    if running is not None and prefect.settings.PREFECT_API_URL.value() == running.api_url:
+        yield
+        return
+    # no telemetry from the test server (it would try the network)
+    with prefect.settings.temporary_settings(updates={prefect.settings.PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+        with prefect_test_harness(server_startup_timeout=60):
+            yield
+
+
+def _snapshot(store: Store) -> dict[str, Any]:
+    snap: dict[str, Any] = {}
+    for name in store.table_names():
+        ids = store.read(name, columns=["id"]).column("id").to_pylist()
+        assert len(ids) == len(set(ids)), f"duplicate ids in {name}"
+        if name in ID_TABLES:
+            snap[name] = set(ids)
+    for name in ("fragments", "insights"):
+        rows = store.read(name, columns=["id", "user_id", "text", "date", "source_ids"]).to_pylist()
+        snap[name + ":content"] = {json.dumps(r, sort_keys=True) for r in rows}
+    snap["stats"] = stats(store)
+    return snap
+
+
+def test_task_runner_choice() -> None:
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+
+    assert isinstance(task_runner_for(Settings()), ThreadPoolTaskRunner)
+    local = task_runner_for(Settings(dask_local=2))
+    assert isinstance(local, DaskTaskRunner) and local.cluster_kwargs["n_workers"] == 2
+    remote = task_runner_for(Settings(dask_address="tcp://10.0.0.1:8786", dask_local=2))
+    assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://10.0.0.1:8786"
+
+
+def test_dask_cluster_equals_threads(prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the worker processes inherit it
+    results: dict[str, dict[str, Any]] = {}
+    stores: dict[str, Store] = {}
+    for kind, extra in (("threads", {}), ("dask", {"dask_local": 2})):
+        root = tmp_path / kind
+        settings = Settings(store=str(root), **extra)
+        stores[kind] = open_store(settings)
+        assert ingest(stores[kind], SAMPLE, "jsonl").users
+        # one user per shard, so the stages of different shards run side by side on the workers
+        results[kind] = run_flow("consolidate", settings, users=None,
+                                 overrides={"store": str(root), "shard_size": 1})
+
+    threads, dask = _snapshot(stores["threads"]), _snapshot(stores["dask"])
+    assert dask == threads
+    users = dask["stats"]["users"]
+    assert users and all(row["fragments"] > 0 for row in users.values())
+    assert results["dask"]["counts"] == results["threads"]["counts"]
+    for kind, store in stores.items():
+        runs = [r for r in store.read("runs").to_pylist() if r["kind"] != "ingest"]
+        assert [r["kind"] for r in runs] == ["consolidate"], kind
