@@ -1,0 +1,150 @@
+"""`mnemo bench rerank`: does RMM retrospective reflection help on LoCoMo, and what do topics add?
+
+1. Consolidate the file with the `rules` backend (topics included) into a (temporary) store.
+2. Split the questions (categories 1-4) in two by position within each conversation (even: train,
+   odd: test). For every train question: retrieve k = 5 (no reranker), simulate the answering LLM's
+   citations (a shown item is cited when its source ids intersect the question's evidence), post
+   them through `Retriever.feedback`, then train one reranker version with `train_reranker`.
+3. On the test half: Recall@5 of the base strategy without and with the reranker (top-20 -> top-5),
+   and the reranking latency for 20 candidates (median of the in-retrieve `rerank_ms`, and of the
+   bare NumPy scoring).
+4. Recall@5 / @10 over all questions with the default searched kinds vs the same plus "topic".
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from retrieval.bench import consolidate_locomo, load_questions, recall_at
+from retrieval.rerank import GLOBAL, TrainConfig, load_latest, scope_key, train_reranker
+from retrieval.retriever import Retriever
+from retrieval.settings import RetrievalSettings
+
+log = logging.getLogger(__name__)
+
+
+def split(questions: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Even positions of each user's questions train, odd ones test."""
+    seen: dict[str, int] = {}
+    train, test = [], []
+    for i, q in enumerate(questions):
+        n = seen.get(q["user"], 0)
+        seen[q["user"]] = n + 1
+        (train if n % 2 == 0 else test).append(i)
+    return train, test
+
+
+def simulate_feedback(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx: Sequence[int],
+                      k: int, strategy: str | None) -> dict[str, float]:
+    """Retrieve, cite the shown items whose sources hit the evidence, post the feedback."""
+    shown_n = cited_n = posted = 0
+    for i in idx:
+        q = questions[i]
+        res = r.retrieve(q["user"], vecs[i], k=k, strategy=strategy, text=q["question"], rerank=False)
+        shown = res.ids
+        if not shown:
+            continue
+        cited = [it.id for it in res.items if set(it.source_ids) & q["evidence"]]
+        r.feedback(q["user"], q["question"], shown, cited)
+        shown_n += len(shown)
+        cited_n += len(cited)
+        posted += 1
+    return {"posted": posted, "cited_share": cited_n / max(1, shown_n)}
+
+
+def _recall(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx: Sequence[int], k: int,
+            strategy: str | None, **kw: Any) -> tuple[float, list[float]]:
+    vals, ms = [], []
+    for i in idx:
+        q = questions[i]
+        res = r.retrieve(q["user"], vecs[i], k=k, strategy=strategy, text=q["question"], **kw)
+        vals.append(recall_at(res.items, q["evidence"], k))
+        if "rerank_ms" in res.signals.get("timings", {}):
+            ms.append(res.signals["timings"]["rerank_ms"])
+    return float(np.mean(vals)) if vals else float("nan"), ms
+
+
+def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
+    model, _ = load_latest(r.store, key)
+    if model is None:
+        return float("nan")
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(dim).astype(np.float32)
+    m = rng.standard_normal((20, dim)).astype(np.float32)
+    prior = np.zeros(20, np.float32)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        model.rerank(q, m, prior, 5)
+        times.append((time.perf_counter() - t0) * 1000)
+    return float(np.median(times))
+
+
+def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = None, epochs: int = 1,
+                 scope: str = GLOBAL, reset: bool = False, settings: RetrievalSettings | None = None) -> str:
+    tmp = None
+    if store is None:
+        tmp = tempfile.TemporaryDirectory(prefix="mnemo-rerank-")
+        store = str(Path(tmp.name) / "store")
+    try:
+        st = consolidate_locomo(path, store, "rules")
+        if st.has_table("feedback") or st.has_table("rerankers"):
+            if not reset:
+                raise SystemExit(f"{store} already holds feedback or rerankers; pass --reset to drop them")
+            for name in ("feedback", "rerankers"):
+                if st.has_table(name):
+                    st.db.drop_table(name)
+                    st._tables.pop(name, None)
+        base = settings or RetrievalSettings()
+        r = Retriever(st, base.with_overrides(rerank_scope=scope))
+        questions = load_questions(path, st)
+        vecs = r.embed([q["question"] for q in questions])
+        train_idx, test_idx = split(questions)
+        name = strategy or base.default_strategy
+        lines = [f"LoCoMo {Path(path).name}: {len(questions)} questions (categories 1-4), "
+                 f"train {len(train_idx)} / test {len(test_idx)} (alternating per conversation), "
+                 f"strategy {name}, reranker scope {scope}, epochs {epochs}"]
+
+        t0 = time.perf_counter()
+        fb = simulate_feedback(r, questions, vecs, train_idx, 5, name)
+        cfg = TrainConfig(epochs=epochs)
+        reports = train_reranker(r, scope=scope, cfg=cfg, strategy=name)
+        lines.append(f"feedback: {fb['posted']} queries posted, {fb['cited_share']:.3f} of shown items cited; "
+                     f"training {time.perf_counter() - t0:.1f}s")
+        lines += ["  " + rep.summary() for rep in reports]
+
+        before, _ = _recall(r, questions, vecs, test_idx, 5, name, rerank=False)
+        after, ms = _recall(r, questions, vecs, test_idx, 5, name, rerank=True)
+        key = scope_key(scope, questions[0]["user"]) if scope != GLOBAL else GLOBAL
+        bare = _bare_latency(r, key, st.dim)
+        lines.append("")
+        lines.append("| held-back half | Recall@5 |")
+        lines.append("|---|---|")
+        lines.append(f"| {name} | {before:.3f} |")
+        lines.append(f"| {name} + reranker (top-20 -> top-5) | {after:.3f} |")
+        lines.append(f"| delta | {after - before:+.3f} |")
+        lines.append(f"reranking 20 candidates: median {np.median(ms) if ms else float('nan'):.3f} ms in retrieve "
+                     f"(p99 {np.percentile(ms, 99) if ms else float('nan'):.3f} ms), bare scoring median {bare:.3f} ms")
+
+        every = list(range(len(questions)))
+        kinds = tuple(base.kinds)
+        with_topics = kinds + ("topic",) if "topic" not in kinds else kinds
+        without = tuple(k for k in kinds if k != "topic")
+        n_topics = sum(st.count_by_user("topics").values())
+        lines.append("")
+        lines.append(f"topic memories ({n_topics} stored), all {len(questions)} questions, strategy {name}:")
+        lines.append("| searched kinds | Recall@5 | Recall@10 |")
+        lines.append("|---|---|---|")
+        for ks in (without, with_topics):
+            r5, _ = _recall(r, questions, vecs, every, 5, name, kinds=ks, rerank=False)
+            r10, _ = _recall(r, questions, vecs, every, 10, name, kinds=ks, rerank=False)
+            lines.append(f"| {', '.join(ks)} | {r5:.3f} | {r10:.3f} |")
+        return "\n".join(lines)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()

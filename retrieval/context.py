@@ -1,0 +1,61 @@
+"""Prompt-ready memory context (PREMem §3.3): the retrieved items arranged chronologically, each with
+its date, kind and key, within a token budget.
+
+Tokens are approximated without a tokenizer as ceil(words × 1.3) (English BPE averages about 1.3
+tokens per word); the budget is filled in rank order (the best items survive a tight budget),
+then the chosen items are printed oldest first so the model reads the history as it happened.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Protocol
+
+TOKENS_PER_WORD = 1.3
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+class _Item(Protocol):
+    kind: str
+    text: str
+    date: str | None
+    key: str | None
+    ts: str | None
+
+
+def approx_tokens(text: str) -> int:
+    """Tokenizer-free estimate: words × 1.3, rounded up."""
+    return math.ceil(len(text.split()) * TOKENS_PER_WORD)
+
+
+def sort_key(item: _Item) -> tuple[str, str]:
+    """The first ISO date of the item's date (ranges and "Before/After X" use X), else its session time."""
+    found = _DATE.search(item.date or "")
+    day = found.group(0) if found else (item.ts or "")[:10]
+    return (day or "9999-99-99", item.ts or "")
+
+
+def format_item(item: _Item) -> str:
+    """One line: `[date] (kind) key: text` (the key only when the text does not start with it)."""
+    date = item.date or ((item.ts or "")[:10]) or "undated"
+    text = " ".join((item.text or "").split())
+    if item.key and not text.lower().startswith(item.key.lower()):
+        text = f"{item.key}: {text}"
+    return f"[{date}] ({item.kind}) {text}"
+
+
+def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "Memories (oldest first):") -> str:
+    """The items that fit in `max_tokens` (rank order), printed chronologically."""
+    budget = max_tokens - approx_tokens(header)
+    chosen = []
+    for item in items:
+        line = "- " + format_item(item)
+        cost = approx_tokens(line)
+        if cost > budget:
+            continue  # a long item does not block shorter, lower-ranked ones
+        chosen.append((sort_key(item), line))
+        budget -= cost
+    if not chosen:
+        return ""
+    chosen.sort(key=lambda c: c[0])
+    return "\n".join([header] + [line for _, line in chosen])

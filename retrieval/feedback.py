@@ -1,0 +1,91 @@
+"""Citation feedback (RMM §6.2): what the answering LLM was shown for a query and what it cited.
+
+The one online write of the retriever. A record is scoped to its user and validated before it is
+stored: the query is non-empty, `shown_ids` are distinct ids of memories retrievable for that user
+(any searchable kind), `cited_ids` ⊆ `shown_ids`. Writes go through one lock per process (one
+writer per table); the id is a hash of (user, query, shown, cited), so a retried POST is stored
+once. The nightly `train` stage reads the records newer than the last reranker version.
+"""
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+from typing import Any, Collection, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from memory.errors import ConfigError
+from memory.ids import make_id, validate_user_id
+from memory.store import Store
+
+MAX_SHOWN = 200
+
+
+class InvalidFeedbackError(ConfigError):
+    """A feedback record that does not describe a retrieval of this user (HTTP 422)."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message, **context)
+
+
+def validate(user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequence[str],
+             known_ids: Collection[str], max_query_chars: int = 4000) -> tuple[str, list[str], list[str]]:
+    """The checked (user, shown, cited); raises InvalidFeedbackError with the offending ids."""
+    user_id = validate_user_id(user_id)
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidFeedbackError("feedback needs the query", user_id=user_id)
+    if len(query) > max_query_chars:
+        raise InvalidFeedbackError(f"query longer than {max_query_chars} characters", user_id=user_id)
+    shown, cited = list(shown_ids or []), list(cited_ids or [])
+    if not all(isinstance(s, str) for s in shown + cited):
+        raise InvalidFeedbackError("memory ids must be strings", user_id=user_id)
+    if not shown:
+        raise InvalidFeedbackError("shown_ids is empty", user_id=user_id)
+    if len(shown) > MAX_SHOWN:
+        raise InvalidFeedbackError(f"more than {MAX_SHOWN} shown ids", user_id=user_id)
+    if len(set(shown)) != len(shown):
+        raise InvalidFeedbackError("shown_ids repeat an id", user_id=user_id)
+    if len(set(cited)) != len(cited):
+        raise InvalidFeedbackError("cited_ids repeat an id", user_id=user_id)
+    outside = [c for c in cited if c not in set(shown)]
+    if outside:
+        raise InvalidFeedbackError(f"cited ids that were not shown: {outside[:5]}", user_id=user_id,
+                                   ids=outside[:20])
+    unknown = [s for s in shown if s not in known_ids]
+    if unknown:
+        raise InvalidFeedbackError(f"ids not retrievable for user {user_id}: {unknown[:5]}", user_id=user_id,
+                                   ids=unknown[:20])
+    return user_id, shown, cited
+
+
+def feedback_id(user_id: str, query: str, shown: Sequence[str], cited: Sequence[str]) -> str:
+    return make_id("feedback", user_id, query, "|".join(shown), "|".join(cited))
+
+
+class FeedbackLog:
+    """Validated, user-scoped writes of feedback records to the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+
+    def record(self, user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequence[str], *,
+               known_ids: Collection[str], query_vector: np.ndarray | None = None,
+               reranker_version: int | None = None, max_query_chars: int = 4000) -> dict[str, Any]:
+        user_id, shown, cited = validate(user_id, query, shown_ids, cited_ids, known_ids, max_query_chars)
+        row = {"id": feedback_id(user_id, query, shown, cited), "user_id": user_id, "query": query,
+               "query_vector": None if query_vector is None else np.asarray(query_vector, dtype=np.float32),
+               "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,
+               "created_at": datetime.now(timezone.utc)}
+        with self._lock:
+            self.store.upsert("feedback", [row])
+        return {"id": row["id"], "user_id": user_id, "shown": len(shown), "cited": len(cited)}
+
+
+def read_feedback(store: Store, user_id: str | None = None, *, columns: list[str] | None = None) -> pa.Table:
+    """Feedback rows of one user (or all users), oldest first."""
+    t = store.read("feedback", user_id, columns=columns)
+    if "created_at" in t.column_names and t.num_rows:
+        t = t.sort_by([("created_at", "ascending"), ("id", "ascending")])
+    return t

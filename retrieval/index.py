@@ -1,0 +1,192 @@
+"""One user's searchable memory, loaded once from LanceDB and cached by table versions.
+
+A `UserIndex` holds the unit vectors of every searchable row (messages with a vector, fragments,
+insights; later summaries and topics) as one float32 matrix, the rows' metadata as one Arrow
+table (materialized only for the items a query returns), and, built on first use, the BM25
+index and the per-user gate calibration. `IndexCache` re-reads table versions at most every
+`refresh_ms` and drops every cached user when a memory table moved (consolidation wrote).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memory import schemas
+from memory.ids import validate_user_id
+from memory.store import Store
+from retrieval.lexical import BM25Index
+
+log = logging.getLogger(__name__)
+
+META = pa.schema([("id", pa.string()), ("kind", pa.string()), ("text", pa.string()), ("key", pa.string()),
+                  ("date", pa.string()), ("source_ids", pa.list_(pa.string())),
+                  ("ts", pa.timestamp("us", tz="UTC"))])
+
+
+@dataclass
+class UserIndex:
+    """Vectors and metadata of one user's memories, in one row order."""
+
+    user_id: str
+    z: np.ndarray
+    meta: pa.Table
+    kinds: np.ndarray                      # kind name per row (numpy str array)
+    messages: pa.Table                     # message_id, speaker, text of every turn
+    load_ms: float = 0.0
+    store: Store | None = None             # where it was read from (the MemWeaver walk loads its graph)
+    _lexical: BM25Index | None = None
+    _extra: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def size(self) -> int:
+        return int(self.z.shape[0])
+
+    def lexical(self, k1: float, b: float) -> BM25Index:
+        """The BM25 index of the rows' texts, built on first use."""
+        with self._lock:
+            if self._lexical is None:
+                self._lexical = BM25Index(self.meta.column("text"), k1=k1, b=b)
+            return self._lexical
+
+    def memo(self, key: str, build: Any) -> Any:
+        """A per-user value computed once (calibrations, kind masks)."""
+        with self._lock:
+            if key not in self._extra:
+                self._extra[key] = build()
+            return self._extra[key]
+
+    def turns(self) -> dict[str, str]:
+        """message_id -> "speaker: text" of every turn of the user, built on first use."""
+        t = self.messages
+        return self.memo("turns", lambda: dict(zip(
+            t.column("message_id").to_pylist(),
+            (f"{s}: {x}" for s, x in zip(t.column("speaker").to_pylist(), t.column("text").to_pylist())))))
+
+    def rows(self, idx: np.ndarray) -> list[dict[str, Any]]:
+        return self.meta.take(pa.array(idx, type=pa.int64())).to_pylist()
+
+
+def _vectors(col: pa.ChunkedArray, dim: int) -> np.ndarray:
+    arr = col.combine_chunks()
+    if len(arr) == 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    values = arr.flatten().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(values.reshape(len(arr), -1), dtype=np.float32)
+
+
+def _message_meta(t: pa.Table) -> pa.Table:
+    n = t.num_rows
+    speaker = pc.fill_null(t.column("speaker"), "")
+    text = pc.binary_join_element_wise(speaker, pc.fill_null(t.column("text"), ""), ": ")
+    sources = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)),
+                                       t.column("message_id").combine_chunks())
+    ts = t.column("ts")
+    date = pc.strftime(ts, format="%Y-%m-%d %H:%M")
+    return pa.table({"id": t.column("id"), "kind": pa.array(["message"] * n, pa.string()), "text": text,
+                     "key": pa.nulls(n, pa.string()), "date": date, "source_ids": sources, "ts": ts}, schema=META)
+
+
+def _memory_meta(t: pa.Table, kind: str) -> pa.Table:
+    n = t.num_rows
+    return pa.table({"id": t.column("id"), "kind": pa.array([kind] * n, pa.string()), "text": t.column("text"),
+                     "key": t.column("key"), "date": t.column("date"), "source_ids": t.column("source_ids"),
+                     "ts": t.column("session_ts")}, schema=META)
+
+
+def load_user(store: Store, user_id: str) -> UserIndex:
+    """Read one user's embedded memories of every kind (one scoped read per table)."""
+    start = time.perf_counter()
+    user_id = validate_user_id(user_id)
+    metas, vecs = [], []
+    messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
+                         "text": pa.array([], pa.string())})
+    for kind, table in schemas.MEMORY_TABLES.items():
+        if kind == "message":
+            cols = ["id", "message_id", "speaker", "text", "ts", "vector"]
+        else:
+            cols = ["id", "text", "key", "date", "source_ids", "session_ts", "vector"]
+        t = store.read(table, user_id, columns=cols)
+        if kind == "message" and t.num_rows:
+            messages = t.select(["message_id", "speaker", "text"])
+        t = t.filter(pc.is_valid(t.column("vector"))) if t.num_rows else t
+        if t.num_rows == 0:
+            continue
+        metas.append(_message_meta(t) if kind == "message" else _memory_meta(t, kind))
+        vecs.append(_vectors(t.column("vector"), store.dim))
+    meta = pa.concat_tables(metas).combine_chunks() if metas else META.empty_table()
+    z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
+    kinds = np.asarray(meta.column("kind").to_numpy(zero_copy_only=False), dtype=str) if meta.num_rows \
+        else np.zeros(0, dtype=str)
+    ms = (time.perf_counter() - start) * 1000
+    log.debug("loaded %d memories of user %s in %.1f ms", len(kinds), user_id, ms)
+    return UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, load_ms=ms, store=store)
+
+
+class IndexCache:
+    """Per-user indexes, LRU-bounded, valid while the memory tables keep their versions."""
+
+    def __init__(self, store: Store, refresh_ms: int = 500, max_users: int = 256) -> None:
+        self.store = store
+        self.refresh_s = refresh_ms / 1000.0
+        self.max_users = max_users
+        self._users: OrderedDict[str, UserIndex] = OrderedDict()
+        self._versions: tuple[int, ...] | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        self._handles: dict[str, Any] = {}
+
+    def versions(self) -> tuple[int, ...]:
+        """Latest version of every memory table (0 when missing), through our own read handles."""
+        out = []
+        for name in schemas.MEMORY_TABLES.values():
+            handle = self._handles.get(name)
+            if handle is None:
+                if not self.store.has_table(name):
+                    out.append(0)
+                    continue
+                handle = self._handles[name] = self.store.db.open_table(name)
+            handle.checkout_latest()
+            out.append(int(handle.version))
+        return tuple(out)
+
+    def check(self, force: bool = False) -> None:
+        """Re-read table versions when `refresh_ms` passed; drop every user when one moved."""
+        now = time.monotonic()
+        if not force and self._versions is not None and now - self._checked < self.refresh_s:
+            return
+        current = self.versions()
+        with self._lock:
+            self._checked = now
+            if current != self._versions:
+                if self._versions is not None:
+                    log.info("memory tables changed %s -> %s: reloading users", self._versions, current)
+                self._versions = current
+                self._users.clear()
+
+    def get(self, user_id: str) -> UserIndex:
+        self.check()
+        with self._lock:
+            idx = self._users.get(user_id)
+            if idx is not None:
+                self._users.move_to_end(user_id)
+                return idx
+        idx = load_user(self.store, user_id)
+        with self._lock:
+            self._users[user_id] = idx
+            while len(self._users) > self.max_users:
+                self._users.popitem(last=False)
+        return idx
+
+    def clear(self) -> None:
+        with self._lock:
+            self._users.clear()
+            self._versions = None

@@ -1,0 +1,83 @@
+"""The lexical channel: Okapi BM25 over one user's memory texts, scored in NumPy.
+
+Tokenization runs in Polars (Rust: lowercase, regex split, explode, group-by counts), so indexing
+10k memories takes milliseconds and fits in a cold query; the index is a SciPy CSC matrix of
+precomputed BM25 term weights, so scoring a query is one sparse column sum over its terms.
+Why not a search engine: a tantivy or LanceDB FTS index lives per table, not per user, and answers
+top hits only; fusion with the dense channel wants a score for every candidate row, and the
+recollection rounds must stay in memory. Stop words are scikit-learn's English list; a light
+plural folding ("paintings" -> "painting") is the only stemming.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from scipy import sparse
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+log = logging.getLogger(__name__)
+
+TOKEN_RE = r"[a-z0-9]+"
+_TOKEN = re.compile(TOKEN_RE)
+STOP_WORDS = frozenset(ENGLISH_STOP_WORDS)
+
+
+def _fold(token: str) -> str:
+    if len(token) > 3 and token.endswith("s") and not token.endswith("ss"):
+        return token[:-1]
+    return token
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercase word tokens without stop words, plurals folded (the query side)."""
+    return [_fold(t) for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS]
+
+
+class BM25Index:
+    """BM25 weights of every (memory, term) pair of one user's texts."""
+
+    def __init__(self, texts: Sequence[str | None] | pa.Array | pa.ChunkedArray, k1: float = 1.2,
+                 b: float = 0.75) -> None:
+        self.n_docs = len(texts)
+        series = pl.Series("text", texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts),
+                           dtype=pl.Utf8)
+        df = pl.DataFrame({"text": series.fill_null("")}).with_row_index("doc")
+        tok = pl.col("tok")
+        toks = (df.select("doc", pl.col("text").str.to_lowercase().str.extract_all(TOKEN_RE).alias("tok"))
+                .explode("tok").drop_nulls("tok")
+                .filter(~tok.is_in(pl.Series(sorted(STOP_WORDS)).implode()))
+                .with_columns(pl.when((tok.str.len_chars() > 3) & tok.str.ends_with("s") & ~tok.str.ends_with("ss"))
+                              .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok).alias("tok")))
+        counts = toks.group_by("doc", "tok").len("tf")
+        vocab = counts.select(tok.unique()).with_row_index("col")
+        counts = counts.join(vocab, on="tok")
+        self.vocab: dict[str, int] = dict(zip(vocab["tok"].to_list(), vocab["col"].to_list()))
+        n_terms = len(self.vocab)
+        doc_len = np.zeros(self.n_docs, dtype=np.float64)
+        d = counts["doc"].to_numpy().astype(np.int64)
+        c = counts["col"].to_numpy().astype(np.int64)
+        tf = counts["tf"].to_numpy().astype(np.float64)
+        np.add.at(doc_len, d, tf)
+        avg = doc_len.mean() if self.n_docs and doc_len.mean() > 0 else 1.0
+        df_t = np.bincount(c, minlength=n_terms).astype(np.float64)
+        idf = np.log1p((self.n_docs - df_t + 0.5) / (df_t + 0.5))
+        w = idf[c] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len[d] / avg))
+        self.matrix = sparse.csc_matrix((w.astype(np.float32), (d, c)), shape=(self.n_docs, max(n_terms, 1)))
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every memory for the query (zeros when no term matches)."""
+        cols = sorted({self.vocab[t] for t in tokenize(query) if t in self.vocab})
+        if not cols or self.n_docs == 0:
+            return np.zeros(self.n_docs, dtype=np.float32)
+        return np.asarray(self.matrix[:, cols].sum(axis=1), dtype=np.float32).ravel()
+
+
+def normalized(scores: np.ndarray) -> np.ndarray:
+    """Scores divided by their maximum (in [0, 1]; all zeros stay zeros)."""
+    top = float(scores.max()) if scores.size else 0.0
+    return scores / top if top > 0 else scores

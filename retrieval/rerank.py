@@ -1,0 +1,354 @@
+"""RMM retrospective reflection (Tan et al. §6, Appendix A.1): a reranker trained from citations.
+
+    q' = q + W_q q,   m'_i = m_i + W_m m_i,   s_i = q'·m'_i (+ prior_i)
+
+`prior_i` is what the base strategy added to the cosine of candidate i (BM25, kind weights:
+base score − q·m_i); it is 0 for `dense` / `familiarity`, where the score is the paper's exactly.
+With W = 0 the reranker keeps the base order. Inference takes the top-M of the top-K (20 → 5) by
+s_i; training is REINFORCE over Gumbel-perturbed softmax probabilities p = softmax((s + g) / τ):
+
+    L = −Σ_{i ∈ shown} (R_i − b) log p_i,   R_i = +1 cited, −1 shown but not cited,  b = 0.5
+
+with batch 4, τ = 0.5 and Adam at learning rate 1e-3, in NumPy (the gradient is two rank-one
+updates per example). Weights are versioned in the `rerankers` table with the run's metrics; a
+version whose bytes do not match its checksum or shape is skipped with a warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow.compute as pc
+from lancedb.expr import col, lit
+
+from memory.ids import make_id, validate_user_id
+from memory.store import Store
+
+log = logging.getLogger(__name__)
+
+GLOBAL = "global"
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def scope_key(scope: str, user_id: str | None = None) -> str:
+    """"global" or "user:<id>" (the `scope` column)."""
+    if scope == GLOBAL:
+        return GLOBAL
+    if scope == "user":
+        return f"user:{validate_user_id(user_id)}"
+    raise ValueError(f"unknown reranker scope {scope!r} (known: global, user)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Appendix A.1 values; `epochs` passes over the new feedback (the paper trains online, one pass)."""
+
+    lr: float = 1e-3
+    batch_size: int = 4
+    temperature: float = 0.5
+    baseline: float = 0.5
+    top_k: int = 20
+    top_m: int = 5
+    epochs: int = 1
+    seed: int = 0
+
+
+@dataclass
+class Reranker:
+    """One version of the adapters."""
+
+    wq: np.ndarray
+    wm: np.ndarray
+    version: int = 0
+    scope: str = GLOBAL
+
+    @classmethod
+    def identity(cls, dim: int) -> "Reranker":
+        return cls(np.zeros((dim, dim), np.float32), np.zeros((dim, dim), np.float32))
+
+    @property
+    def dim(self) -> int:
+        return int(self.wq.shape[0])
+
+    def scores(self, q: np.ndarray, m: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
+        qp = q + self.wq @ q
+        s = (m + m @ self.wm.T) @ qp
+        return s if prior is None else s + prior
+
+    def rerank(self, q: np.ndarray, m: np.ndarray, prior: np.ndarray | None, top_m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of the top-M candidates by adapted score (stable on ties) and their scores."""
+        s = self.scores(q, m, prior)
+        order = np.argsort(-s, kind="stable")[:top_m]
+        return order, s[order]
+
+    def to_bytes(self) -> bytes:
+        return np.concatenate([self.wq.ravel(), self.wm.ravel()]).astype("<f4").tobytes()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, dim: int, *, version: int = 0, scope: str = GLOBAL) -> "Reranker":
+        arr = np.frombuffer(raw, dtype="<f4")
+        if arr.size != 2 * dim * dim:
+            raise ValueError(f"{arr.size} weights for a {dim}-d reranker (want {2 * dim * dim})")
+        if not np.isfinite(arr).all():
+            raise ValueError("non-finite weights")
+        wq = arr[: dim * dim].reshape(dim, dim).astype(np.float32)
+        wm = arr[dim * dim:].reshape(dim, dim).astype(np.float32)
+        return cls(wq, wm, version=version, scope=scope)
+
+
+# -- storage ----------------------------------------------------------------------------------------
+def _rows(store: Store, key: str) -> list[dict[str, Any]]:
+    if not store.has_table("rerankers"):
+        return []
+    t = store.read("rerankers", where=col("scope") == lit(key))
+    return sorted(t.to_pylist(), key=lambda r: -int(r["version"] or 0))
+
+
+def load_latest(store: Store, key: str = GLOBAL) -> tuple[Reranker | None, dict[str, Any] | None]:
+    """The newest valid version of a scope and its row; corrupt versions are skipped with a warning."""
+    for row in _rows(store, key):
+        try:
+            raw = row["weights"] or b""
+            if hashlib.sha256(raw).hexdigest() != row["sha256"]:
+                raise ValueError("checksum mismatch")
+            if int(row["dim"] or 0) != store.dim:
+                raise ValueError(f"{row['dim']}-d weights for a {store.dim}-d store")
+            return Reranker.from_bytes(raw, store.dim, version=int(row["version"]), scope=key), row
+        except Exception as exc:
+            log.warning("ignoring reranker %s version %s: %s", key, row.get("version"), exc)
+    return None, None
+
+
+def save_version(store: Store, model: Reranker, key: str, *, feedback_until: datetime,
+                 metrics: dict[str, Any], run_id: str = "") -> int:
+    """Write the next version of a scope; returns its number."""
+    rows = _rows(store, key)
+    version = (int(rows[0]["version"]) if rows else 0) + 1
+    raw = model.to_bytes()
+    user = key.split(":", 1)[1] if key.startswith("user:") else None
+    store.upsert("rerankers", [{
+        "id": make_id("reranker", key, version), "version": version, "scope": key, "user_id": user,
+        "created_at": datetime.now(timezone.utc), "dim": model.dim, "weights": raw,
+        "sha256": hashlib.sha256(raw).hexdigest(), "feedback_until": feedback_until,
+        "metrics_json": json.dumps(metrics, sort_keys=True), "run_id": run_id}])
+    return version
+
+
+class RerankerCache:
+    """The latest version per scope, re-read when the `rerankers` table moved (checked at most every
+    `refresh_ms`)."""
+
+    def __init__(self, store: Store, refresh_ms: int = 500) -> None:
+        self.store = store
+        self.refresh_s = refresh_ms / 1000.0
+        self._models: dict[str, Reranker | None] = {}
+        self._version = -1
+        self._checked = 0.0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Reranker | None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked >= self.refresh_s or self._version < 0:
+                self._checked = now
+                v = self.store.version("rerankers")
+                if v != self._version:
+                    self._version, self._models = v, {}
+            if key not in self._models:
+                self._models[key] = load_latest(self.store, key)[0]
+            return self._models[key]
+
+
+# -- training ---------------------------------------------------------------------------------------
+@dataclass
+class Example:
+    """One logged query: candidate vectors (K, d), their prior, the shown positions and rewards."""
+
+    q: np.ndarray
+    m: np.ndarray
+    prior: np.ndarray
+    shown: np.ndarray
+    reward: np.ndarray
+
+
+def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig, rng: np.random.Generator) -> tuple[float, np.ndarray, np.ndarray]:
+    qp = ex.q + model.wq @ ex.q
+    mp = ex.m + ex.m @ model.wm.T
+    s = mp @ qp + ex.prior
+    u = rng.uniform(1e-10, 1.0, size=s.shape)
+    z = (s - np.log(-np.log(u))) / cfg.temperature
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    adv = np.zeros_like(s)
+    adv[ex.shown] = ex.reward - cfg.baseline
+    loss = -float((adv[ex.shown] * np.log(p[ex.shown] + 1e-12)).sum())
+    g = -(adv - p * adv.sum()) / cfg.temperature            # dL/ds
+    g_qp = mp.T @ g
+    g_wq = np.outer(g_qp, ex.q)
+    g_wm = np.outer(qp, ex.m.T @ g)
+    return loss, g_wq, g_wm
+
+
+def cited_in_top(model: Reranker, examples: Sequence[Example], top_m: int) -> float:
+    """Share of cited candidates the model ranks in its top-M (deterministic, no noise)."""
+    hit = total = 0
+    for ex in examples:
+        cited = set(ex.shown[ex.reward > 0].tolist())
+        if not cited:
+            continue
+        order, _ = model.rerank(ex.q, ex.m, ex.prior, top_m)
+        hit += len(cited & set(order.tolist()))
+        total += len(cited)
+    return hit / total if total else float("nan")
+
+
+def train(examples: Sequence[Example], dim: int, init: Reranker | None = None,
+          cfg: TrainConfig = TrainConfig()) -> tuple[Reranker, dict[str, Any]]:
+    """REINFORCE with Adam over the examples in batches; returns the new model and run metrics."""
+    model = Reranker(init.wq.copy(), init.wm.copy()) if init is not None else Reranker.identity(dim)
+    rng = np.random.default_rng(cfg.seed)
+    before = cited_in_top(model, examples, cfg.top_m)
+    state = {n: (np.zeros((dim, dim)), np.zeros((dim, dim))) for n in ("wq", "wm")}
+    b1, b2, eps, step = 0.9, 0.999, 1e-8, 0
+    losses: list[float] = []
+    start = time.perf_counter()
+    for _ in range(cfg.epochs):
+        order = rng.permutation(len(examples))
+        for i in range(0, len(order), cfg.batch_size):
+            batch = [examples[j] for j in order[i:i + cfg.batch_size]]
+            gq = np.zeros((dim, dim))
+            gm = np.zeros((dim, dim))
+            bl = 0.0
+            for ex in batch:
+                loss, a, b = _loss_grad(model, ex, cfg, rng)
+                gq += a / len(batch)
+                gm += b / len(batch)
+                bl += loss / len(batch)
+            losses.append(bl)
+            step += 1
+            for name, grad in (("wq", gq), ("wm", gm)):
+                m1, m2 = state[name]
+                m1 *= b1
+                m1 += (1 - b1) * grad
+                m2 *= b2
+                m2 += (1 - b2) * grad * grad
+                upd = cfg.lr * (m1 / (1 - b1 ** step)) / (np.sqrt(m2 / (1 - b2 ** step)) + eps)
+                w = getattr(model, name)
+                w -= upd.astype(np.float32)
+    rewards = np.concatenate([ex.reward for ex in examples]) if examples else np.zeros(0)
+    metrics = {
+        "examples": len(examples), "steps": step, "epochs": cfg.epochs, "config": asdict(cfg),
+        "cited_share": float((rewards > 0).mean()) if rewards.size else float("nan"),
+        "loss_first": float(np.mean(losses[:25])) if losses else float("nan"),
+        "loss_last": float(np.mean(losses[-25:])) if losses else float("nan"),
+        "cited_in_top_m_before": before, "cited_in_top_m_after": cited_in_top(model, examples, cfg.top_m),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    return model, metrics
+
+
+def id_positions(index: Any) -> dict[str, int]:
+    """memory id -> row of a user index (built once per index)."""
+    return index.memo("id_pos", lambda: {v: i for i, v in enumerate(index.meta.column("id").to_pylist())})
+
+
+def candidates(retriever: Any, user_id: str, qvec: np.ndarray, text: str | None,
+               top_k: int, strategy: str | None = None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """The base strategy's top-K for a query: ids, vectors (K, d), prior (base − cosine) and rows."""
+    index = retriever.user_index(user_id)
+    res = retriever.retrieve(user_id, qvec, k=min(top_k, retriever.settings.max_k), strategy=strategy,
+                             text=text, rerank=False)
+    pos = id_positions(index)
+    rows = np.asarray([pos[it.id] for it in res.items], dtype=np.int64)
+    m = index.z[rows]
+    base = np.asarray([it.score for it in res.items], dtype=np.float32)
+    return [it.id for it in res.items], m, base - m @ qvec, rows
+
+
+def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: TrainConfig,
+                           strategy: str | None = None) -> list[Example]:
+    """Rebuild each logged query's candidate set with the base strategy (shown items that fell out of
+    it are appended with prior 0; ids no longer stored are dropped)."""
+    out = []
+    for r in rows:
+        user = r["user_id"]
+        qvec = r.get("query_vector")
+        qvec = retriever.embed([r["query"]])[0] if qvec is None else np.asarray(qvec, dtype=np.float32)
+        ids, m, prior, _ = candidates(retriever, user, qvec, r["query"], cfg.top_k, strategy)
+        pos = {v: i for i, v in enumerate(ids)}
+        extra = [s for s in r["shown_ids"] if s not in pos]
+        if extra:
+            where = id_positions(retriever.user_index(user))
+            extra = [s for s in extra if s in where]
+            if extra:
+                m = np.concatenate([m, index.z[[where[s] for s in extra]]])
+                prior = np.concatenate([prior, np.zeros(len(extra), np.float32)])
+                for s in extra:
+                    pos[s] = len(pos)
+        shown = [pos[s] for s in r["shown_ids"] if s in pos]
+        if not shown:
+            continue
+        cited = set(r["cited_ids"] or [])
+        reward = np.asarray([1.0 if s in cited else -1.0 for s in r["shown_ids"] if s in pos])
+        out.append(Example(qvec, m, prior.astype(np.float32), np.asarray(shown), reward))
+    return out
+
+
+@dataclass
+class TrainReport:
+    scope: str
+    version: int | None
+    feedback: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"reranker {self.scope}: skipped ({self.skipped})"
+        m = self.metrics
+        return (f"reranker {self.scope} v{self.version}: {self.feedback} feedback rows, {m.get('steps')} steps, "
+                f"cited in top-{m.get('config', {}).get('top_m')} {m.get('cited_in_top_m_before', 0):.3f} -> "
+                f"{m.get('cited_in_top_m_after', 0):.3f}, {m.get('seconds')}s")
+
+
+def train_reranker(retriever: Any, *, scope: str = GLOBAL, cfg: TrainConfig = TrainConfig(),
+                   run_id: str = "", strategy: str | None = None) -> list[TrainReport]:
+    """Train the next version of the global reranker (or of each user's, scope="user") from the
+    feedback newer than the latest version; a scope with no new feedback is skipped."""
+    from retrieval.feedback import read_feedback
+
+    store = retriever.store
+    reports = []
+    if scope == GLOBAL:
+        groups = {GLOBAL: None}
+    else:
+        users = sorted(set(read_feedback(store, columns=["user_id"]).column("user_id").to_pylist()))
+        groups = {scope_key("user", u): u for u in users}
+    for key, user in groups.items():
+        init, row = load_latest(store, key)
+        if init is None and key != GLOBAL:
+            init, _ = load_latest(store, GLOBAL)      # a user's first version starts from the global one
+        since = row["feedback_until"] if row is not None else EPOCH
+        t = read_feedback(store, user)
+        if t.num_rows:
+            t = t.filter(pc.greater(t.column("created_at"), since))
+        if t.num_rows == 0:
+            reports.append(TrainReport(key, None, 0, skipped="no new feedback"))
+            continue
+        rows = t.to_pylist()
+        examples = examples_from_feedback(retriever, rows, cfg, strategy)
+        model, metrics = train(examples, store.dim, init, cfg)
+        metrics["from_version"] = init.version if init is not None else 0
+        until = max(r["created_at"] for r in rows)
+        version = save_version(store, model, key, feedback_until=until, metrics=metrics, run_id=run_id)
+        reports.append(TrainReport(key, version, len(rows), metrics))
+        log.info("%s", reports[-1].summary())
+    return reports

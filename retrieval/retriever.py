@@ -1,0 +1,230 @@
+"""The online retriever: `Retriever.open(store).retrieve(user_id, query, k, strategy)`.
+
+Read-only over the store. A user's memories are loaded once and cached by table versions
+(`retrieval.index`); every strategy then runs in NumPy. Query embedding is timed apart from
+retrieval (`signals["timings"]["embed_ms"]` vs `retrieve_ms`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from memory.embed import Embedder
+from memory.errors import ConfigError
+from memory.ids import validate_user_id
+from memory.settings import Settings
+from memory.store import Store
+from retrieval.index import IndexCache, UserIndex
+from retrieval.settings import RetrievalSettings
+from retrieval.strategies import STRATEGIES, Query
+
+log = logging.getLogger(__name__)
+
+
+class UnknownStrategyError(ConfigError):
+    """A strategy name no registry knows."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown retrieval strategy: {name!r} (known: {', '.join(STRATEGIES)})",
+                         name=name, known=list(STRATEGIES))
+
+
+@dataclass
+class RetrievedItem:
+    """One ranked memory; `source_ids` are the message ids it came from."""
+
+    id: str
+    kind: str
+    text: str
+    score: float
+    date: str | None
+    source_ids: list[str]
+    key: str | None = None
+    ts: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RetrievalResult:
+    """Ranked items, the route the strategy took and the signals it measured."""
+
+    user_id: str
+    query: str | None
+    strategy: str
+    k: int
+    items: list[RetrievedItem] = field(default_factory=list)
+    route: str | None = None
+    signals: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[str]:
+        return [it.id for it in self.items]
+
+    def context(self, max_tokens: int = 1500) -> str:
+        """Prompt-ready memory text: chronological, dated, within `max_tokens` (see context.py)."""
+        from retrieval.context import build_context
+
+        return build_context(self.items, max_tokens=max_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"user_id": self.user_id, "query": self.query, "strategy": self.strategy, "k": self.k,
+                "route": self.route, "signals": self.signals, "items": [it.to_dict() for it in self.items]}
+
+
+class Retriever:
+    """Retrieval over one store; thread-safe; one instance per process is enough."""
+
+    def __init__(self, store: Store, settings: RetrievalSettings | None = None,
+                 embedder: Embedder | None = None, mnemo_settings: Settings | None = None) -> None:
+        self.store = store
+        self.settings = settings or RetrievalSettings()
+        self._embedder = embedder
+        self._mnemo = mnemo_settings
+        self.cache = IndexCache(store, self.settings.refresh_ms)
+        self._rmm: dict[str, Any] = {}
+        self._rmm_lock = threading.Lock()
+        if self.settings.default_strategy not in STRATEGIES:
+            raise UnknownStrategyError(self.settings.default_strategy)
+
+    @classmethod
+    def open(cls, store: str | Store, settings: RetrievalSettings | None = None, *,
+             embedder: Embedder | None = None, mnemo_settings: Settings | None = None) -> "Retriever":
+        """A retriever over a store path / URI (or an open Store), with the store's embedder."""
+        if isinstance(store, Store):
+            return cls(store, settings, embedder, mnemo_settings)
+        mnemo = mnemo_settings or Settings(store=str(store))
+        if embedder is None:
+            from memory.pipeline import embedder_for
+
+            embedder = embedder_for(mnemo)
+        return cls(Store(str(store), dim=embedder.dim, consistency_s=None), settings, embedder, mnemo)
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from memory.pipeline import embedder_for
+
+            self._embedder = embedder_for(self._mnemo or Settings(store=self.store.uri))
+        return self._embedder
+
+    @property
+    def strategies(self) -> list[str]:
+        return list(STRATEGIES)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-normalized float32 rows from the store's embedder."""
+        return self.embedder.embed(list(texts))
+
+    def user_index(self, user_id: str) -> UserIndex:
+        return self.cache.get(validate_user_id(user_id))
+
+    def retrieve(self, user_id: str, query: str | np.ndarray | Sequence[float], k: int | None = None,
+                 strategy: str | None = None, *, kinds: Sequence[str] | None = None,
+                 text: str | None = None, rerank: bool | None = None) -> RetrievalResult:
+        """Rank one user's memories for a query (text, or a precomputed vector plus optional `text`
+        for the lexical channel). Unknown users get no items; other users' rows are never read.
+
+        `rerank` (default: settings.rerank) applies the latest RMM reranker: the strategy's top
+        `rerank_top_k` candidates are re-scored and the top k (default `rerank_top_m`) returned."""
+        user_id = validate_user_id(user_id)
+        s = self.settings
+        name = strategy or s.default_strategy
+        fn = STRATEGIES.get(name)
+        if fn is None:
+            raise UnknownStrategyError(name)
+        do_rerank = s.rerank if rerank is None else bool(rerank)
+        k = int(k or (s.rerank_top_m if do_rerank else s.k))
+        if not 1 <= k <= s.max_k:
+            raise ConfigError(f"k must be between 1 and {s.max_k}, got {k}", k=k)
+        timings: dict[str, float] = {}
+        if isinstance(query, str):
+            text = query
+            t0 = time.perf_counter()
+            vec = self.embed([query])[0]
+            timings["embed_ms"] = (time.perf_counter() - t0) * 1000
+        else:
+            vec = np.asarray(query, dtype=np.float32).ravel()
+            vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
+        start = time.perf_counter()
+        index = self.cache.get(user_id)
+        timings["load_ms"] = (time.perf_counter() - start) * 1000
+        result = RetrievalResult(user_id=user_id, query=text, strategy=name, k=k)
+        if index.size == 0:
+            timings["retrieve_ms"] = (time.perf_counter() - start) * 1000
+            result.signals = {"memories": 0, "timings": _round(timings)}
+            return result
+        if vec.shape[0] != index.z.shape[1]:
+            raise ConfigError(f"query vector has {vec.shape[0]} dimensions, the store {index.z.shape[1]}")
+        q = Query(index=index, vector=vec, text=text, k=max(k, s.rerank_top_k) if do_rerank else k, settings=s,
+                  kinds=tuple(kinds) if kinds else tuple(s.kinds))
+        rows, scores, route = fn(q)
+        if do_rerank:
+            rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings)
+        result.route = route
+        result.items = [
+            RetrievedItem(id=r["id"], kind=r["kind"], text=r["text"] or "", score=round(float(sc), 6),
+                          date=r["date"], source_ids=list(r["source_ids"] or []), key=r["key"],
+                          ts=r["ts"].isoformat() if r["ts"] is not None else None)
+            for r, sc in zip(index.rows(rows), scores.tolist())
+        ]
+        timings["retrieve_ms"] = (time.perf_counter() - start) * 1000
+        result.signals = {"memories": index.size, **q.signals, "timings": _round(timings)}
+        return result
+
+    def _rerank(self, user_id: str, index: UserIndex, vec: np.ndarray, rows: np.ndarray, scores: np.ndarray,
+                top_m: int, signals: dict[str, Any], timings: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        """Top-M of the candidates by the latest reranker (retrieval.rerank); base order without one."""
+        from retrieval.rerank import GLOBAL, RerankerCache, scope_key
+
+        t0 = time.perf_counter()
+        with self._rmm_lock:
+            cache = self._rmm.get("rerankers")
+            if cache is None:
+                cache = self._rmm["rerankers"] = RerankerCache(self.store, self.settings.refresh_ms)
+        model = cache.get(scope_key("user", user_id)) if self.settings.rerank_scope == "user" else None
+        model = model or cache.get(GLOBAL)
+        if model is None or model.dim != vec.shape[0]:
+            if not self._rmm.get("warned"):
+                log.warning("rerank asked but no valid reranker version is stored: keeping the base order")
+                self._rmm["warned"] = True
+            signals["reranker"] = None
+            return rows[:top_m], scores[:top_m]
+        m = index.z[rows]
+        order, sc = model.rerank(vec, m, scores.astype(np.float32) - m @ vec, top_m)
+        timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
+        signals["reranker"] = {"version": model.version, "scope": model.scope, "candidates": int(rows.size)}
+        return rows[order], sc
+
+    def feedback(self, user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequence[str], *,
+                 reranker_version: int | None = None) -> dict[str, Any]:
+        """Store what the answering LLM was shown for `query` and what it cited (RMM §6.2), after
+        checking the ids are retrievable memories of this user and cited ⊆ shown."""
+        from retrieval.feedback import FeedbackLog, validate
+
+        user_id = validate_user_id(user_id)
+        index = self.cache.get(user_id)
+        known = index.memo("id_set", lambda: frozenset(index.meta.column("id").to_pylist()))
+        validate(user_id, query, shown_ids, cited_ids, known, self.settings.max_query_chars)
+        with self._rmm_lock:
+            log_ = self._rmm.get("feedback")
+            if log_ is None:
+                log_ = self._rmm["feedback"] = FeedbackLog(self.store)
+        return log_.record(user_id, query, shown_ids, cited_ids, known_ids=known,
+                           query_vector=self.embed([query])[0], reranker_version=reranker_version,
+                           max_query_chars=self.settings.max_query_chars)
+
+    def turns(self, user_id: str, message_ids: Sequence[str]) -> dict[str, str]:
+        """The original turns ("speaker: text") of message ids of one user (for citation prompts)."""
+        turns = self.user_index(user_id).turns()
+        return {m: turns[m] for m in message_ids if m in turns}
+
+
+def _round(timings: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in timings.items()}

@@ -1,0 +1,90 @@
+"""Retrieval settings: environment variables prefixed `MNEMO_RETRIEVAL_`, overridable per call.
+
+RF-Mem defaults come from the paper (Appendix B, PersonaMem turn-level setup): λ = 20, B = 3,
+F = 2, θ_low = 0.3; α = 0.5 from the sensitivity study (Appendix D.2, D.4: 0.3-0.5 best for
+Recall@10). The round cap R is not given in the paper; its case study (Appendix D.7) shows three
+rounds, so R = 3. Two values differ from the paper, both chosen on the LoCoMo dev split among a
+few candidates (bench/RESULTS.md): θ_high = 0.45 (paper 0.6; at 0.6 the gate sends 11-15 % of
+LoCoMo questions to recollection and loses 0.002-0.003 Recall@10 against familiarity; at 0.5 it
+still lost 0.001 on one run; recollection does not raise evidence recall on LoCoMo with this
+embedder, so the gate that never loses is the one that rarely recollects), and τ =
+0.85 on the entropy normalized by log k (the paper's τ ≈ 0.2-0.25 is on its own, unnormalized
+scale, see rfmem.py). `PAPER` keeps the published values. Read at the edges (CLI, service, bench).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+#: the published RF-Mem hyperparameters (PersonaMem, Appendix B / D.2), for reference and overrides
+PAPER = {"lam": 20.0, "beam": 3, "fanout": 2, "theta_high": 0.6, "theta_low": 0.3, "tau": 0.25, "alpha": 0.5,
+         "entropy_normalized": False}
+
+
+class RetrievalSettings(BaseSettings):
+    """Every knob of the online retriever."""
+
+    model_config = SettingsConfigDict(env_prefix="MNEMO_RETRIEVAL_", extra="ignore", populate_by_name=True)
+
+    # what a plain call does
+    default_strategy: str = Field("rfmem-hybrid", description="strategy used when none is asked for")
+    k: int = Field(10, ge=1, le=200, description="items returned by default")
+    kinds: tuple[str, ...] = Field(("message", "fragment", "insight"), description="memory kinds searched")
+
+    # RF-Mem probe and gate (paper §2.1, Appendix B)
+    probe_k: int = Field(10, ge=2, description="probe size k_p (the paper uses K)")
+    lam: float = Field(20.0, gt=0, description="softmax sharpness λ")
+    theta_high: float = 0.45
+    theta_low: float = 0.3
+    tau: float = Field(0.85, description="entropy threshold on H(p)/log k (normalized, see rfmem.py)")
+    entropy_normalized: bool = Field(True, description="divide H(p) by log k so τ does not depend on k")
+
+    # RF-Mem recollection (paper §2.2, Algorithm 3)
+    beam: int = Field(3, ge=1, description="beam width B")
+    fanout: int = Field(2, ge=1, description="fanout F; N = (B + r)·F")
+    rounds: int = Field(3, ge=1, description="max rounds R")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="α: weight of the current query in the mix")
+    kmeans_iters: int = 10
+    full_exploration: bool = Field(False, description="run all R rounds (paper Appendix D.9)")
+    rerank_union: bool = Field(False, description="re-rank the union by the original query (Appendix D.9)")
+
+    # beyond the paper
+    lexical_weight: float = Field(0.3, ge=0.0, le=1.0, description="share of BM25 in the hybrid score")
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    kind_weights: dict[str, float] = Field(
+        default_factory=lambda: {"message": 0.0, "fragment": 0.0, "insight": -0.1, "summary": -0.05,
+                                 "topic": 0.0},
+        description="additive score prior per memory kind (hybrid strategies)")
+    dedupe_sources: bool = Field(True, description="hybrid strategies skip memories whose every source "
+                                 "message is already cited above them")
+    calibration_samples: int = Field(256, ge=8, description="memories used as pseudo-queries to calibrate")
+    calib_high_q: float = Field(0.75, description="θ_high = this quantile of the store's probe means")
+    calib_low_q: float = Field(0.25, description="θ_low = this quantile of the store's probe means")
+    calib_tau_q: float = Field(0.5, description="τ = this quantile of the store's probe entropies")
+    calib_shift: float = Field(0.0, description="subtracted from pseudo-query means (memory vs question gap)")
+
+    # RMM retrospective reflection (Tan et al. §6, Appendix A.1): top-K = 20 -> top-M = 5
+    rerank: bool = Field(False, description="apply the latest reranker version to every retrieve")
+    rerank_top_k: int = Field(20, ge=1, le=200, description="candidates the reranker re-scores")
+    rerank_top_m: int = Field(5, ge=1, le=200, description="items kept when rerank is on and no k is given")
+    rerank_scope: Literal["global", "user"] = Field("global", description="use the user's own version "
+                                                   "when `user` (falling back to the global one)")
+
+    # caching and service
+    refresh_ms: int = Field(500, ge=0, description="check table versions at most this often")
+    max_query_chars: int = Field(4000, ge=1, description="longer queries are refused (HTTP 413)")
+    max_k: int = 200
+    context_tokens: int = Field(1500, ge=1, description="default token budget of res.context()")
+    host: str = "127.0.0.1"
+    port: int = 8765
+    api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("MNEMO_API_KEY", "MNEMO_RETRIEVAL_API_KEY"),
+                                      description="when set, /v1 calls need `Authorization: Bearer <key>`")
+
+    def with_overrides(self, **overrides: Any) -> "RetrievalSettings":
+        """A copy with the non-None overrides applied."""
+        clean = {k: v for k, v in overrides.items() if v is not None}
+        return self.model_copy(update=clean)

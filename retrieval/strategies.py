@@ -1,0 +1,195 @@
+"""Retrieval strategies by name: the RF-Mem paths as published, and the variants beyond them.
+
+| name | what it does |
+| --- | --- |
+| dense | one-shot top-K cosine over raw turns only (kind=message): the baseline |
+| familiarity | RF-Mem Algorithm 2: one-shot top-K cosine over every searched kind |
+| recollection | RF-Mem Algorithm 3 always (retrieve → KMeans → α-mix, R rounds) |
+| rfmem | RF-Mem Algorithm 1: probe, familiarity signal, gate with the paper's θ_high, θ_low, τ |
+| hybrid | familiarity over dense + BM25 fused scores, with kind weights |
+| rfmem-hybrid | rfmem whose both paths rank by the fused scores with kind weights |
+| calibrated | rfmem-hybrid with θ_high, θ_low, τ calibrated on this user's score distribution |
+| walk | MemWeaver's context-aware random walk (Eq. 2) over the user's graph, seeded by familiarity |
+| rfmem-walk | rfmem whose recollection route is the walk (the paper's graph-based alternative) |
+| rfmem-hybrid-walk | rfmem-hybrid whose recollection route is the walk |
+
+Each strategy gets a `Query` (the user index, the query vector and text, k, settings) and returns
+ranked row indices, their scores, the route taken and extra signals.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from retrieval import rfmem
+from retrieval.index import UserIndex
+from retrieval.lexical import normalized
+from retrieval.settings import RetrievalSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Query:
+    index: UserIndex
+    vector: np.ndarray
+    text: str | None
+    k: int
+    settings: RetrievalSettings
+    kinds: tuple[str, ...]
+    signals: dict[str, Any] = field(default_factory=dict)
+
+    def rows(self, kinds: tuple[str, ...] | None = None) -> np.ndarray:
+        """Row numbers of the searched kinds (all rows when every kind is searched)."""
+        wanted = tuple(sorted(kinds or self.kinds))
+        return self.index.memo("rows:" + ",".join(wanted),
+                               lambda: np.flatnonzero(np.isin(self.index.kinds, wanted)))
+
+    def prior(self, rows: np.ndarray, z_scores: np.ndarray) -> np.ndarray:
+        """Kind weights plus the weighted, max-normalized BM25 score of each row."""
+        s = self.settings
+        weights = self.index.memo("kindw:" + repr(sorted(s.kind_weights.items())), lambda: np.array(
+            [s.kind_weights.get(k, 0.0) for k in self.index.kinds], dtype=np.float32))
+        out = weights[rows].copy()
+        if self.text and s.lexical_weight > 0:
+            bm = self.index.lexical(s.bm25_k1, s.bm25_b).scores(self.text)[rows]
+            out += s.lexical_weight * normalized(bm)
+            self.signals["lexical_hits"] = int((bm > 0).sum())
+        return out
+
+
+Result = tuple[np.ndarray, np.ndarray, str | None]
+
+
+def _subset(q: Query, kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    rows = q.rows(kinds)
+    z = q.index.z if rows.size == q.index.size else q.index.memo(
+        "z:" + ",".join(sorted(kinds or q.kinds)), lambda: np.ascontiguousarray(q.index.z[rows]))
+    return rows, z
+
+
+def _novel(q: Query, rows: np.ndarray, scores: np.ndarray) -> Result:
+    """Keep ranked rows that cite at least one message not cited above them, up to k: a memory
+    whose every source is already covered adds no new evidence (e.g. a fragment below its turn)."""
+    seen: set[str] = set()
+    keep = []
+    for i, sources in enumerate(q.index.meta.column("source_ids").take(rows).to_pylist()):
+        new = set(sources or []) - seen
+        if new or not sources:
+            keep.append(i)
+            seen |= new
+            if len(keep) == q.k:
+                break
+    q.signals["skipped_redundant"] = int(len(rows) - len(keep)) if len(keep) < q.k else 0
+    idx = np.asarray(keep, dtype=np.int64)
+    return rows[idx], scores[idx], None
+
+
+def _one_shot(q: Query, kinds: tuple[str, ...] | None, fused: bool) -> Result:
+    rows, z = _subset(q, kinds)
+    if rows.size == 0:
+        return rows, np.zeros(0, np.float32), rfmem.FAMILIARITY
+    scores = z @ q.vector
+    if fused:
+        scores = scores + q.prior(rows, scores)
+    if fused and q.settings.dedupe_sources:
+        top = rfmem.top_k(scores, q.k * 4)
+        return _novel(q, rows[top], scores[top])[:2] + (rfmem.FAMILIARITY,)
+    top = rfmem.top_k(scores, q.k)
+    return rows[top], scores[top], rfmem.FAMILIARITY
+
+
+def dense(q: Query) -> Result:
+    return _one_shot(q, ("message",), fused=False)
+
+
+def familiarity(q: Query) -> Result:
+    return _one_shot(q, None, fused=False)
+
+
+def hybrid(q: Query) -> Result:
+    return _one_shot(q, None, fused=True)
+
+
+def _thresholds(q: Query, calibrated: bool) -> tuple[float, float, float]:
+    s = q.settings
+    if not calibrated:
+        return s.theta_high, s.theta_low, s.tau
+    from retrieval.calibration import calibrate
+
+    rows, z = _subset(q)
+    cal = q.index.memo(f"calib:{','.join(sorted(q.kinds))}:{s.probe_k}:{s.lam}:{s.entropy_normalized}",
+                       lambda: calibrate(z, s))
+    q.signals["calibration"] = cal
+    return cal["theta_high"], cal["theta_low"], cal["tau"]
+
+
+def _rfmem(q: Query, *, route: str | None, fused: bool, calibrated: bool = False) -> Result:
+    """Algorithm 1 with a forced route (`route`) or the gate (route=None)."""
+    s = q.settings
+    rows, z = _subset(q)
+    if rows.size == 0:
+        return rows, np.zeros(0, np.float32), route or rfmem.RECOLLECTION
+    probe = z @ q.vector
+    probe_top = rfmem.top_k(probe, s.probe_k)
+    mean, ent = rfmem.familiarity_signal(probe[probe_top], s.lam, s.entropy_normalized)
+    q.signals.update(probe_mean=round(mean, 4), entropy=round(ent, 4))
+    if route is None:
+        hi, lo, tau = _thresholds(q, calibrated)
+        route = rfmem.gate(mean, ent, hi, lo, tau)
+    prior = q.prior(rows, probe) if fused else None
+    ranked = probe + prior if prior is not None else probe
+    dedupe = fused and s.dedupe_sources
+    if route == rfmem.FAMILIARITY:
+        top = rfmem.top_k(ranked, q.k * 4 if dedupe else q.k)
+        if dedupe:
+            return _novel(q, rows[top], ranked[top])[:2] + (route,)
+        return rows[top], ranked[top], route
+    rec = rfmem.recollection(q.vector, z, q.k, beam=s.beam, fanout=s.fanout, rounds=s.rounds, alpha=s.alpha,
+                             prior=prior, probe_scores=probe, kmeans_iters=s.kmeans_iters,
+                             early_stop=not s.full_exploration)
+    q.signals.update(rounds=rec.rounds, recollect_queries=rec.queries)
+    idx, sc = rec.idx, rec.scores
+    if s.rerank_union:  # Appendix D.9: re-rank the collected union by the original query's score
+        order = rfmem.top_k(ranked[idx], q.k)
+        idx, sc = idx[order], ranked[idx][order]
+    want = q.k * 4 if dedupe else q.k
+    if idx.size < want:  # the truncated union came up short: fill from the probe ranking
+        have = set(idx.tolist())
+        extra = [i for i in rfmem.top_k(ranked, want + idx.size).tolist() if i not in have][: want - idx.size]
+        q.signals["filled"] = len(extra)
+        idx = np.concatenate([idx, np.asarray(extra, dtype=np.int64)])
+        sc = np.concatenate([sc, ranked[extra].astype(np.float32)])
+    if dedupe:
+        return _novel(q, rows[idx], sc)[:2] + (route,)
+    return rows[idx], sc, route
+
+
+STRATEGIES: dict[str, Callable[[Query], Result]] = {
+    "dense": dense,
+    "familiarity": familiarity,
+    "recollection": lambda q: _rfmem(q, route=rfmem.RECOLLECTION, fused=False),
+    "rfmem": lambda q: _rfmem(q, route=None, fused=False),
+    "hybrid": hybrid,
+    "rfmem-hybrid": lambda q: _rfmem(q, route=None, fused=True),
+    "calibrated": lambda q: _rfmem(q, route=None, fused=True, calibrated=True),
+}
+
+
+def _walk(gate: bool, fused: bool) -> Callable[[Query], Result]:
+    def run(q: Query) -> Result:
+        from retrieval.walk import walk_strategy  # MemWeaver random walk (retrieval/walk.py)
+
+        return walk_strategy(q, gate=gate, fused=fused)
+    return run
+
+
+#: MemWeaver's context-aware random walk, alone and as RF-Mem's recollection expansion
+STRATEGIES.update({
+    "walk": _walk(gate=False, fused=False),
+    "rfmem-walk": _walk(gate=True, fused=False),
+    "rfmem-hybrid-walk": _walk(gate=True, fused=True),
+})

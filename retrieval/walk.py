@@ -1,0 +1,248 @@
+"""MemWeaver's context-aware random walk (Yu et al. §3.3.1, Eq. 2) over one user's memory graph.
+
+From node u the walk moves to a neighbour v (a temporal neighbour, or any node of u's K-means
+cluster) with probability proportional to
+
+    S(u→v) = cos(q, v)^α · exp(−λ1 Δt_v) · exp(−λ2 Δt_uv),     α = 1.5, λ1 = 0.01, λ2 = 0.02
+
+(Appendix A.3), for `steps` = 10 steps. Negative cosines count as 0.
+
+**Time unit: days.** Δt_v is the time from v's session to the query and Δt_uv the time between the
+two sessions, both in days. The paper gives no unit; its histories (LaMP profiles) are dated by day
+and span months to years, and days are the unit under which its λ values mean something: with λ1 =
+0.01 a memory one year old keeps e^−3.65 ≈ 3 % of the weight of today's, with λ2 = 0.02 a hop across
+a month keeps e^−0.6 ≈ 55 %. In hours or seconds both factors would vanish after a few days and the
+walk would never leave a session; in years they would be constant. The query time is the user's
+latest memory (the retriever has no clock of the question; in a live assistant the two are close).
+
+Deterministic: the random generator is seeded by a hash of the user id and the query vector, so
+the same query gives the same walk. One walk starts from each of the `seeds` best familiarity hits
+that are graph nodes (fragments and insights; raw messages are not nodes).
+
+The graph (stored by `memory.weave`: cluster membership in `graph_nodes`, temporal edges in
+`graph_edges`) is loaded once per user index and cached with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import polars as pl
+
+from typing import TYPE_CHECKING
+
+from retrieval.index import UserIndex
+
+if TYPE_CHECKING:
+    from retrieval.strategies import Query
+
+log = logging.getLogger(__name__)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class WalkParams:
+    """Eq. 2's hyperparameters (Appendix A.3) and the walk's budget."""
+
+    alpha: float = 1.5
+    lam1: float = 0.01     # per day: recency of v relative to the query
+    lam2: float = 0.02     # per day: continuity between u and v
+    steps: int = 10
+    seeds: int = 3
+
+
+PARAMS = WalkParams()
+
+
+@dataclass
+class Graph:
+    """One user's graph in index row numbers: node i is index row `rows[i]`."""
+
+    rows: np.ndarray                      # index row of each node
+    days: np.ndarray                      # node time, days since 1970
+    cluster: np.ndarray                   # cluster number of each node
+    members: list[np.ndarray]             # node numbers per cluster
+    temporal: list[list[tuple[int, float]]]  # (neighbour, gap in days) per node
+    node_of_row: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.shape[0])
+
+    def neighbours(self, u: int) -> tuple[np.ndarray, np.ndarray]:
+        """(neighbour nodes, Δt_uv in days): u's cluster plus its temporal neighbours, u excluded."""
+        mates = self.members[int(self.cluster[u])]
+        nb = {int(v): abs(float(self.days[v] - self.days[u])) for v in mates.tolist() if v != u}
+        for v, gap in self.temporal[u]:
+            nb[v] = gap
+        if not nb:
+            return np.zeros(0, np.int64), np.zeros(0)
+        keys = np.fromiter(nb.keys(), dtype=np.int64, count=len(nb))
+        return keys, np.fromiter(nb.values(), dtype=np.float64, count=len(nb))
+
+
+def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> Graph:
+    """The graph of stored rows, restricted to nodes the index holds (memories with a vector)."""
+    ids = index.meta.column("id").to_pylist()
+    row_of = {i: r for r, i in enumerate(ids)}
+    if nodes.height:
+        nodes = nodes.sort("seq").filter(pl.col("node_id").is_in(list(row_of)))
+    if nodes.height == 0:
+        return Graph(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), [], [])
+    node_ids = nodes["node_id"].to_list()
+    num = {nid: i for i, nid in enumerate(node_ids)}
+    rows = np.array([row_of[n] for n in node_ids], dtype=np.int64)
+    ts = nodes["session_ts"].to_list()
+    day = np.array([(t - EPOCH).total_seconds() / 86400.0 for t in ts], dtype=np.float64)
+    cids: dict[str, int] = {}
+    cluster = np.array([cids.setdefault(c, len(cids)) for c in nodes["cluster_id"].to_list()], dtype=np.int64)
+    members = [np.flatnonzero(cluster == c) for c in range(len(cids))]
+    temporal: list[list[tuple[int, float]]] = [[] for _ in node_ids]
+    if edges.height:
+        for src, dst, gap in edges.select(["src_id", "dst_id", "gap_days"]).iter_rows():
+            a, b = num.get(src), num.get(dst)
+            if a is None or b is None or a == b:
+                continue
+            temporal[a].append((b, float(gap)))
+            temporal[b].append((a, float(gap)))
+    return Graph(rows, day, cluster, members, temporal, {int(r): i for i, r in enumerate(rows.tolist())})
+
+
+def graph_for(index: UserIndex) -> Graph | None:
+    """The user's graph, loaded on first use and kept with the index (None without a store)."""
+    store = getattr(index, "store", None)
+    if store is None:
+        return None
+
+    def load() -> Graph:
+        from memory.weave import load_graph
+
+        nodes, edges = load_graph(store, index.user_id)
+        return build_graph(index, nodes, edges)
+
+    return index.memo("memweaver-graph", load)
+
+
+def _rng(user_id: str, vector: np.ndarray) -> np.random.Generator:
+    h = hashlib.blake2b(user_id.encode() + np.asarray(vector, dtype=np.float32).tobytes(), digest_size=8)
+    return np.random.default_rng(int.from_bytes(h.digest(), "little"))
+
+
+@dataclass
+class Walked:
+    """The nodes visited, in first-visit order, and how often each was visited."""
+
+    nodes: list[int]
+    visits: dict[int, int]
+    steps: int
+
+
+def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Generator,
+         params: WalkParams = PARAMS, now_days: float | None = None) -> Walked:
+    """Eq. 2 walks of `params.steps` steps from each seed node.
+
+    `sims[i]` = cos(q, node i). Returns unique visited nodes (seeds included) in first-visit order.
+    """
+    if graph.size == 0 or not seeds:
+        return Walked([], {}, 0)
+    now = float(graph.days.max()) if now_days is None else now_days
+    rel = np.clip(sims, 0.0, None) ** params.alpha
+    recency = np.exp(-params.lam1 * np.maximum(now - graph.days, 0.0))
+    base = rel * recency
+    order: list[int] = []
+    visits: dict[int, int] = {}
+    taken = 0
+    for seed in seeds:
+        u = seed
+        if u not in visits:
+            order.append(u)
+        visits[u] = visits.get(u, 0) + 1
+        for _ in range(params.steps):
+            nb, gap = graph.neighbours(u)
+            if nb.size == 0:
+                break
+            w = base[nb] * np.exp(-params.lam2 * gap)
+            total = float(w.sum())
+            if not total > 0.0:
+                break
+            u = int(nb[int(rng.choice(nb.size, p=w / total))])
+            taken += 1
+            if u not in visits:
+                order.append(u)
+            visits[u] = visits.get(u, 0) + 1
+    return Walked(order, visits, taken)
+
+
+def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_scores: np.ndarray,
+                     params: WalkParams = PARAMS) -> Walked:
+    """Walk from the `params.seeds` graph nodes best by `row_scores` (one score per index row)."""
+    sims = index.z[graph.rows] @ vector
+    seed_order = np.argsort(-row_scores[graph.rows], kind="stable")[: params.seeds]
+    return walk(graph, sims, [int(s) for s in seed_order], _rng(index.user_id, vector), params)
+
+
+# -- strategies -------------------------------------------------------------------------------------
+#: share of the score a walked node gains per unit of visit share (see `expand`)
+VISIT_BONUS = 0.1
+
+
+def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams = PARAMS) -> tuple[np.ndarray, np.ndarray] | None:
+    """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
+
+    Candidates are the familiarity top hits plus every node the walks visited; a visited node's score
+    is its familiarity score plus `VISIT_BONUS` × (its visits / the most visits of any node), so the
+    nodes the walks keep returning to climb over one-off familiarity hits.
+    """
+    index = q.index
+    graph = graph_for(index)
+    if graph is None or graph.size == 0:
+        return None
+    full = np.full(index.size, -np.inf, dtype=np.float64)
+    full[rows] = ranked
+    walked = walk_from_scores(index, graph, q.vector, full, params)
+    q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes))
+    pos = {int(r): i for i, r in enumerate(rows.tolist())}
+    score = np.asarray(ranked, dtype=np.float64).copy()
+    top = max(walked.visits.values(), default=1)
+    for node, n in walked.visits.items():
+        i = pos.get(int(graph.rows[node]))
+        if i is not None:
+            score[i] += VISIT_BONUS * n / top
+    from retrieval.rfmem import top_k
+
+    order = top_k(score, max(q.k * 4, q.k))
+    return rows[order], score[order].astype(np.float32)
+
+
+def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """`walk` (always walk), `rfmem-walk` / `rfmem-hybrid-walk` (RF-Mem's gate; its recollection
+    route is the walk instead of Algorithm 3). Users without a graph get RF-Mem's recollection."""
+    from retrieval import rfmem
+    from retrieval.strategies import _novel, _rfmem, _subset, _thresholds
+
+    s = q.settings
+    rows, z = _subset(q)
+    if rows.size == 0:
+        return rows, np.zeros(0, np.float32), rfmem.RECOLLECTION
+    probe = z @ q.vector
+    route = rfmem.RECOLLECTION
+    if gate:
+        probe_top = rfmem.top_k(probe, s.probe_k)
+        mean, ent = rfmem.familiarity_signal(probe[probe_top], s.lam, s.entropy_normalized)
+        q.signals.update(probe_mean=round(mean, 4), entropy=round(ent, 4))
+        hi, lo, tau = _thresholds(q, False)
+        route = rfmem.gate(mean, ent, hi, lo, tau)
+    if route == rfmem.FAMILIARITY:
+        return _rfmem(q, route=rfmem.FAMILIARITY, fused=fused)
+    ranked = probe + q.prior(rows, probe) if fused else probe
+    out = expand(q, rows, ranked)
+    if out is None:
+        return _rfmem(q, route=rfmem.RECOLLECTION, fused=fused)
+    idx, sc = out
+    if fused and s.dedupe_sources:
+        return _novel(q, idx, sc)[:2] + (rfmem.RECOLLECTION,)
+    return idx[: q.k], sc[: q.k], rfmem.RECOLLECTION

@@ -1,0 +1,190 @@
+"""The retriever over a real LanceDB store in a temp dir with the real embedder: public API,
+every strategy, tenant isolation, unknown and malformed users, cache refresh, context, citations."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import retrieval
+from memory.embed import Embedder, get_embedder
+from memory.errors import InvalidUserIdError
+from memory.store import Store
+from retrieval import RetrievalSettings, Retriever, UnknownStrategyError, citation_prompt, parse_citations
+from retrieval.context import approx_tokens, build_context
+from retrieval.settings import PAPER
+
+ALICE = [
+    ("I went hiking in the Alps with my sister last summer", 1),
+    ("My dog is called Rex and he loves the beach", 2),
+    ("I started painting sunsets in watercolor", 3),
+    ("Work has been stressful since the promotion", 4),
+    ("We adopted a kitten named Luna yesterday", 5),
+    ("My favourite band is Radiohead, I saw them live in Paris", 6),
+]
+BOB = [("I play chess every Tuesday at the club", 1), ("My dog Bruno chewed my shoes", 2)]
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    emb = get_embedder()
+    emb.embed(["warm up"])
+    return emb
+
+
+def _ts(day: int) -> datetime:
+    return datetime(2023, 5, day, 12, 0, tzinfo=timezone.utc)
+
+
+def _write_user(store: Store, emb: Embedder, user: str, turns: list[tuple[str, int]]) -> None:
+    msgs = [{"id": f"{user}-m{i}", "user_id": user, "session_id": f"{user}-s{day}", "message_id": f"{user}:D1:{i}",
+             "seq": i, "speaker": user.title(), "text": text, "ts": _ts(day)} for i, (text, day) in enumerate(turns)]
+    for m, v in zip(msgs, emb.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
+        m["vector"] = v
+    store.upsert("messages", msgs)
+    frags = []
+    for i, (text, day) in enumerate(turns):
+        key = " ".join(text.split()[1:4]).lower()
+        frags.append({"id": f"{user}-f{i}", "user_id": user, "session_id": f"{user}-s{day}", "session_ts": _ts(day),
+                      "subject": user.title(), "category": "factual", "key": key, "content": text,
+                      "date": f"2023-05-{day:02d}", "text": f"{key}: {user.title()} said {text}",
+                      "source_ids": [f"{user}:D1:{i}"]})
+    for f, v in zip(frags, emb.embed([f["text"] for f in frags])):
+        f["vector"] = v
+    store.upsert("fragments", frags)
+    ins = {"id": f"{user}-i0", "user_id": user, "key": "pets", "content": f"{user.title()} has pets",
+           "date": "2023-05-02 to 2023-05-05", "text": f"pets: {user.title()} has pets and cares for them",
+           "source_ids": [m["message_id"] for m in msgs[:2]], "parent_ids": [frags[0]["id"]],
+           "session_ts": _ts(5)}
+    ins["vector"] = emb.embed([ins["text"]])[0]
+    store.upsert("insights", [ins])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
+    st = Store(str(tmp_path_factory.mktemp("retrieval") / "store"), dim=embedder.dim)
+    _write_user(st, embedder, "alice", ALICE)
+    _write_user(st, embedder, "bob", BOB)
+    return st
+
+
+@pytest.fixture(scope="module")
+def retriever(store: Store, embedder: Embedder) -> Retriever:
+    return Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder)
+
+
+def test_public_api_is_pinned() -> None:
+    assert retrieval.__all__ == [
+        "RetrievalResult", "RetrievalSettings", "RetrievedItem", "Retriever", "STRATEGIES",
+        "UnknownStrategyError", "build_context", "citation_prompt", "parse_citations",
+    ]
+    assert set(retrieval.STRATEGIES) >= {"dense", "familiarity", "recollection", "rfmem", "hybrid",
+                                         "rfmem-hybrid", "calibrated"}
+
+
+def test_open_by_path_and_embed(store: Store, embedder: Embedder) -> None:
+    r = Retriever.open(store.uri, embedder=embedder)
+    vecs = r.embed(["hello", "world"])
+    assert vecs.shape == (2, embedder.dim) and np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert r.retrieve("alice", "dog", k=2).items
+
+
+@pytest.mark.parametrize("strategy", list(retrieval.STRATEGIES) + [None])
+def test_every_strategy_ranks_alice_only(retriever: Retriever, strategy: str | None) -> None:
+    res = retriever.retrieve("alice", "What is the name of my dog?", k=5, strategy=strategy)
+    assert 0 < len(res.items) <= 5
+    assert res.route in ("familiarity", "recollection")
+    assert all(it.id.startswith("alice-") for it in res.items)
+    assert all(s.startswith("alice:") for it in res.items for s in it.source_ids)
+    assert any("Rex" in it.text for it in res.items[:3])
+    assert res.signals["timings"]["retrieve_ms"] >= 0
+    if strategy == "dense":
+        assert {it.kind for it in res.items} == {"message"}
+
+
+def test_tenants_never_mix(retriever: Retriever, embedder: Embedder) -> None:
+    vec = embedder.embed(["my dog chewed my shoes at the chess club"])[0]
+    for strategy in retrieval.STRATEGIES:
+        res = retriever.retrieve("alice", vec, k=50, strategy=strategy, text="dog chess shoes")
+        assert res.items and not any("bob" in it.id or "Bruno" in it.text for it in res.items)
+
+
+def test_unknown_and_malformed_users(retriever: Retriever) -> None:
+    assert retriever.retrieve("carol", "dog").items == []
+    for bad in ("alice' OR '1'='1", "", "a b", "x" * 200, "../etc"):
+        with pytest.raises(InvalidUserIdError):
+            retriever.retrieve(bad, "dog")
+    with pytest.raises(UnknownStrategyError):
+        retriever.retrieve("alice", "dog", strategy="magic")
+
+
+def test_signals_and_forced_routes(retriever: Retriever) -> None:
+    res = retriever.retrieve("alice", "what did I do with my sister?", k=4, strategy="recollection")
+    assert res.route == "recollection" and len(res.items) == 4
+    assert {"probe_mean", "entropy", "rounds"} <= set(res.signals)
+    assert 0.0 <= res.signals["entropy"] <= 1.0
+    fam = retriever.retrieve("alice", "what did I do with my sister?", k=4, strategy="familiarity")
+    assert fam.route == "familiarity"
+    assert [it.score for it in fam.items] == sorted((it.score for it in fam.items), reverse=True)
+
+
+def test_new_consolidation_results_are_seen(tmp_path: Path, embedder: Embedder) -> None:
+    st = Store(str(tmp_path / "s"), dim=embedder.dim)
+    _write_user(st, embedder, "dana", BOB)
+    r = Retriever.open(st.uri, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    before = r.retrieve("dana", "kayak trip", k=20)
+    row = {"id": "dana-new", "user_id": "dana", "key": "kayak", "content": "went kayaking", "date": "2023-06-01",
+           "text": "kayak: Dana went on a kayak trip in Norway", "source_ids": ["dana:D9:1"],
+           "session_ts": _ts(30), "vector": embedder.embed(["kayak: Dana went on a kayak trip in Norway"])[0]}
+    Store(st.uri, dim=embedder.dim).upsert("fragments", [row])  # another writer
+    after = r.retrieve("dana", "kayak trip", k=20)
+    assert "dana-new" not in before.ids and after.ids[0] == "dana-new"
+
+
+def test_context_is_chronological_and_budgeted(retriever: Retriever) -> None:
+    res = retriever.retrieve("alice", "pets and hobbies", k=8, strategy="familiarity")
+    text = res.context(max_tokens=2000)
+    lines = text.splitlines()[1:]
+    dates = [line.split("]")[0].strip("- [")[:10] for line in lines]
+    assert dates == sorted(dates) and all(f"({it.kind})" in text for it in res.items)
+    small = res.context(max_tokens=40)
+    assert approx_tokens(small) <= 40 and len(small.splitlines()) < len(lines) + 1
+    assert build_context([], 100) == ""
+
+
+def test_citation_prompt_and_parser(retriever: Retriever) -> None:
+    res = retriever.retrieve("alice", "What is my dog called?", k=3, strategy="hybrid")
+    turns = retriever.turns("alice", [s for it in res.items for s in it.source_ids])
+    prompt = citation_prompt("What is my dog called?", res.items, turns)
+    assert "[NO_CITE]" in prompt and "Memory [2]" in prompt and "User Query: What is my dog called?" in prompt
+    assert parse_citations("Your dog is Rex. [0, 2]", res.items) == [res.items[0].id, res.items[2].id]
+    assert parse_citations("Rex [1] and [1,9]", res.items) == [res.items[1].id]
+    assert parse_citations("I don't know. [NO_CITE]", res.items) == []
+    assert parse_citations("no citation", res.items) is None
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MNEMO_RETRIEVAL_K", "7")
+    monkeypatch.setenv("MNEMO_RETRIEVAL_TAU", "0.5")
+    monkeypatch.setenv("MNEMO_API_KEY", "s3cret")
+    s = RetrievalSettings()
+    assert s.k == 7 and s.tau == 0.5 and s.api_key is not None and s.api_key.get_secret_value() == "s3cret"
+    assert (s.lam, s.beam, s.fanout, s.theta_low, s.alpha) == (20.0, 3, 2, 0.3, 0.5)
+    paper = RetrievalSettings(**PAPER)
+    assert (paper.theta_high, paper.tau, paper.entropy_normalized) == (0.6, 0.25, False)
+
+
+def test_cli_retrieve_json(store: Store, embedder: Embedder) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["--store", store.uri, "retrieve", "alice", "my dog", "--k", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    data: dict[str, Any] = json.loads(out.stdout[out.stdout.index("{"):])
+    assert len(data["items"]) == 3 and all(i["id"].startswith("alice-") for i in data["items"])

@@ -1,0 +1,110 @@
+"""The HTTP service on a real uvicorn server on loopback, called with httpx."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from memory.embed import Embedder, get_embedder
+from memory.store import Store
+from retrieval import RetrievalSettings, Retriever
+from retrieval.service import create_app
+
+KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return get_embedder()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
+    st = Store(str(tmp_path_factory.mktemp("svc") / "store"), dim=embedder.dim)
+    texts = ["I adopted a puppy named Biscuit", "I work as a nurse in Boston", "I love jazz and play the sax"]
+    rows = [{"id": f"eve-m{i}", "user_id": "eve", "session_id": "s1", "message_id": f"D1:{i}", "seq": i,
+             "speaker": "Eve", "text": t, "ts": datetime(2023, 3, i + 1, tzinfo=timezone.utc)}
+            for i, t in enumerate(texts)]
+    for r, v in zip(rows, embedder.embed([f"Eve: {t}" for t in texts])):
+        r["vector"] = v
+    st.upsert("messages", rows)
+    return st
+
+
+def _serve(app: object) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def url(store: Store, embedder: Embedder) -> Iterator[str]:
+    r = Retriever(store, RetrievalSettings(api_key=KEY, max_query_chars=200), embedder=embedder)
+    yield from _serve(create_app(r))
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+        yield c
+
+
+def test_healthz_and_docs_need_no_key(url: str) -> None:
+    assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
+    spec = httpx.get(f"{url}/openapi.json").json()
+    assert "/v1/users/{user_id}/retrieve" in spec["paths"] and "/v1/users/{user_id}/context" in spec["paths"]
+    assert httpx.get(f"{url}/docs").status_code == 200
+
+
+def test_retrieve(client: httpx.Client) -> None:
+    res = client.post("/v1/users/eve/retrieve", json={"query": "what is my dog's name?", "k": 2,
+                                                      "strategy": "rfmem"})
+    assert res.status_code == 200, res.text
+    data = res.json()
+    assert len(data["items"]) == 2 and "Biscuit" in data["items"][0]["text"]
+    assert data["route"] in ("familiarity", "recollection") and "timings" in data["signals"]
+    assert data["items"][0]["source_ids"] == ["D1:0"]
+
+
+def test_context(client: httpx.Client) -> None:
+    data = client.post("/v1/users/eve/context", json={"query": "job", "max_tokens": 60}).json()
+    assert data["context"].startswith("Memories") and "nurse" in data["context"] and data["item_ids"]
+
+
+def test_auth_required(url: str) -> None:
+    body = {"query": "dog"}
+    assert httpx.post(f"{url}/v1/users/eve/retrieve", json=body).status_code == 401
+    bad = httpx.post(f"{url}/v1/users/eve/retrieve", json=body, headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 401 and bad.headers["www-authenticate"] == "Bearer"
+
+
+def test_errors(client: httpx.Client) -> None:
+    unknown = client.post("/v1/users/nobody/retrieve", json={"query": "dog"})
+    assert unknown.status_code == 200 and unknown.json()["items"] == []
+    bad_user = client.post("/v1/users/bad%20user'/retrieve", json={"query": "dog"})
+    assert bad_user.status_code == 422 and "invalid user id" in bad_user.json()["detail"]
+    assert client.post("/v1/users/eve/retrieve", json={"k": 3}).status_code == 422
+    assert client.post("/v1/users/eve/retrieve", json={"query": "dog", "k": 0}).status_code == 422
+    assert client.post("/v1/users/eve/retrieve", content=b"not json",
+                       headers={"content-type": "application/json"}).status_code == 422
+    strat = client.post("/v1/users/eve/retrieve", json={"query": "dog", "strategy": "magic"})
+    assert strat.status_code == 422 and "unknown retrieval strategy" in strat.json()["detail"]
+    assert client.post("/v1/users/eve/retrieve", json={"query": "x" * 201}).status_code == 413
+    assert client.post("/v1/users/eve/retrieve", json={"query": "x" * 100_000}).status_code == 413
