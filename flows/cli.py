@@ -74,11 +74,13 @@ def consolidate(
     dask_local: Optional[int] = typer.Option(None, "--dask-local", help="start a local Dask cluster of N worker processes"),
     dask_address: Optional[str] = typer.Option(None, "--dask-address", help="join an existing Dask scheduler"),
     engine: str = typer.Option("prefect", "--engine", help="prefect (flow run) | local (same stages, no Prefect)"),
+    rebuild_graph: bool = typer.Option(False, "--rebuild-graph",
+                                       help="rebuild each user's MemWeaver graph and summaries from scratch"),
 ) -> None:
     """Consolidate every user's sessions newer than its watermark."""
     settings = _settings(ctx).with_overrides(llm=llm, llm_model=llm_model, dask_local=dask_local,
-                                             dask_address=dask_address)
-    overrides = _overrides(settings, llm=llm, llm_model=llm_model)
+                                             dask_address=dask_address, rebuild_graph=rebuild_graph or None)
+    overrides = _overrides(settings, llm=llm, llm_model=llm_model, rebuild_graph=rebuild_graph or None)
     if engine == "local":
         from rich.progress import Progress
 

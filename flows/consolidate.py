@@ -63,9 +63,9 @@ def load_task(users: list[str], overrides: dict[str, Any], run_id: str) -> Shard
 @task(name="stage", cache_policy=NO_CACHE)
 def stage_task(name: str, state: ShardState, overrides: dict[str, Any]) -> ShardState:
     """One consolidation stage of one shard (see `memory.pipeline.stages`)."""
-    if not state.sessions:
-        return state
     s = _settings(overrides)
+    if not state.sessions and not s.rebuild_graph:
+        return state
     fn = {n: f for n, f, _ in pipeline.stages()}[name]
     return fn(state, _open(s), s)
 
@@ -138,7 +138,7 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
             failed.append((shard, exc))
             logger.error("shard of users %s failed: %s: %s", shard, type(exc).__name__, exc)
             continue
-        if state.sessions:
+        if state.sessions or state.extra or state.replace:
             pipeline.commit(store, state)  # the flow is the one writer of the run
         report.add(state)
         done += 1
@@ -155,10 +155,36 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
     return {"run_id": report.run_id, "summary": report.summary(), "counts": report.counts, "llm": report.llm}
 
 
+@task(name="train", task_run_name="train", cache_policy=NO_CACHE)
+def train_task(overrides: dict[str, Any], run_id: str) -> list[str]:
+    """RMM retrospective reflection: the next reranker version from the feedback newer than the last
+    one (retrieval.rerank); skipped when there is none."""
+    from retrieval.rerank import train_reranker
+    from retrieval.retriever import Retriever
+    from retrieval.settings import RetrievalSettings
+
+    settings = _settings(overrides)
+    store = _open(settings)
+    if not store.has_table("feedback"):
+        return ["reranker: skipped (no feedback)"]
+    rs = RetrievalSettings()
+    r = Retriever(store, rs, pipeline.embedder_for(settings), settings)
+    return [rep.summary() for rep in train_reranker(r, scope=rs.rerank_scope, run_id=run_id)]
+
+
 @flow(name="consolidate", task_runner=ThreadPoolTaskRunner(max_workers=2))
 def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Nightly: consolidate every user's sessions newer than its watermark."""
-    return _run("consolidate", users, overrides or {})
+    """Nightly: consolidate every user's sessions newer than its watermark, then train the reranker
+    from new feedback (after every shard committed)."""
+    result = _run("consolidate", users, overrides or {})
+    try:
+        result["train"] = train_task(overrides or {}, result["run_id"])
+    except Exception as exc:  # consolidation is committed; a failed training waits for the next run
+        get_run_logger().error("reranker training failed: %s: %s", type(exc).__name__, exc)
+        result["train"] = [f"reranker: failed ({type(exc).__name__}: {exc})"]
+    for line in result["train"]:
+        get_run_logger().info("%s", line)
+    return result
 
 
 @flow(name="backfill", task_runner=ThreadPoolTaskRunner(max_workers=2))

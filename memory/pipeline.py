@@ -28,7 +28,7 @@ from memory.link import Cluster, Link, cluster_session, link_session
 from memory.llm.base import LLMBackend, get_backend
 from memory.reason import attribute_sources, insight_rows, pair_context
 from memory.settings import Settings
-from memory.store import Store
+from memory.store import Store, user_filter
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class ShardState:
     timings: dict[str, float] = field(default_factory=dict)
     #: rows of later stages' tables (graph, summaries, topics...), written by `commit`
     extra: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: table -> users whose rows `commit` deletes before writing `extra` (a rebuilt graph)
+    replace: dict[str, list[str]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -288,6 +290,9 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         "insights": store.upsert("insights", state.insights),
         "quarantine": store.upsert("quarantine", state.quarantine),
     }
+    for name, users in state.replace.items():
+        for user in users:
+            store.delete(name, user_filter(user))
     for name, rows in state.extra.items():
         written[name] = store.upsert(name, rows)
     now = datetime.now(timezone.utc)
@@ -316,6 +321,27 @@ def _touched_clusters(state: ShardState) -> list[Cluster]:
 Stage = Callable[[ShardState, Store, Settings], ShardState]
 
 
+def _weave(state: ShardState, store: Store, settings: Settings) -> ShardState:
+    """MemWeaver graph: temporal edges + K-means semantic clusters (memory.weave)."""
+    from memory.weave import weave
+
+    return weave(state, store, settings)
+
+
+def _summarize(state: ShardState, store: Store, settings: Settings) -> ShardState:
+    """MemWeaver cognitive memory: phase summaries -> global profile (memory.summarize)."""
+    from memory.summarize import summarize
+
+    return summarize(state, store, settings)
+
+
+def _topics(state: ShardState, store: Store, settings: Settings) -> ShardState:
+    """RMM prospective reflection: topic memories, Add / Merge (memory.topics)."""
+    from memory.topics import topics
+
+    return topics(state, store, settings)
+
+
 def stages() -> list[tuple[str, Stage, bool]]:
     """The ordered stages between load and commit: (name, function, retry on transient LLM errors).
 
@@ -327,13 +353,16 @@ def stages() -> list[tuple[str, Stage, bool]]:
         ("link", link, False),
         ("reason", reason, True),
         ("embed-insights", embed_insights, False),
+        ("weave", _weave, False),
+        ("summarize", _summarize, True),
+        ("topics", _topics, True),
     ]
 
 
 def run_shard(store: Store, users: list[str], settings: Settings, run_id: str) -> ShardState:
     """All stages for one shard, in order, without Prefect."""
     state = load_shard(store, users, run_id)
-    if not state.sessions:
+    if not state.sessions and not settings.rebuild_graph:
         return state
     for _, stage, _ in stages():
         state = stage(state, store, settings)

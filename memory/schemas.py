@@ -12,7 +12,8 @@ TS = pa.timestamp("us", tz="UTC")
 STR_LIST = pa.list_(pa.string())
 
 #: memory kinds the retriever can search, with the table each lives in
-MEMORY_TABLES = {"message": "messages", "fragment": "fragments", "insight": "insights"}
+MEMORY_TABLES = {"message": "messages", "fragment": "fragments", "insight": "insights", "topic": "topics",
+                 "summary": "summaries"}
 
 CATEGORIES = ("factual", "experiential", "subjective")
 INFERENCE_TYPES = ("extension", "accumulation", "specification", "transformation", "connection")
@@ -198,6 +199,107 @@ def llm_cache(dim: int) -> pa.Schema:
     ])
 
 
+def topics(dim: int) -> pa.Schema:
+    """RMM prospective reflection: a topic memory of one participant with the turns it references.
+
+    A merge updates the topic in place (same id): `source_ids` become the union, `history_json`
+    records each replaced version (text, sources, date, session_ts) and the summary merged in, so the
+    bank as of any watermark W can be rebuilt (created_ts <= W, later merges undone).
+    """
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string()),
+        pa.field("created_ts", TS),
+        pa.field("session_ts", TS),
+        pa.field("subject", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("date", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("history_json", pa.string()),
+        pa.field("merges", pa.int32()),
+        pa.field("vector", vector_type(dim)),
+    ] + _provenance())
+
+
+def feedback(dim: int) -> pa.Schema:
+    """What the answering LLM was shown for one query of one user and what it cited (RMM §6.2)."""
+    return pa.schema(_id_user() + [
+        pa.field("query", pa.string()),
+        pa.field("query_vector", vector_type(dim), nullable=True),
+        pa.field("shown_ids", STR_LIST),
+        pa.field("cited_ids", STR_LIST),
+        pa.field("reranker_version", pa.int64(), nullable=True),
+        pa.field("created_at", TS),
+    ])
+
+
+def rerankers(dim: int) -> pa.Schema:
+    """Versioned RMM reranker weights (W_q, W_m as float32 bytes) with the metrics of their run."""
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("version", pa.int64()),
+        pa.field("scope", pa.string()),
+        pa.field("user_id", pa.string(), nullable=True),
+        pa.field("created_at", TS),
+        pa.field("dim", pa.int32()),
+        pa.field("weights", pa.binary()),
+        pa.field("sha256", pa.string()),
+        pa.field("feedback_until", TS),
+        pa.field("metrics_json", pa.string()),
+        pa.field("run_id", pa.string()),
+    ])
+
+
+def graph_nodes(dim: int) -> pa.Schema:
+    """MemWeaver graph: one node per fragment or insight, in time order (`seq`), with its K-means
+    cluster. Semantic edges are not stored: every pair of nodes sharing `cluster_id` is one (a
+    clique would be O(n²) rows); its weight is the cosine of the two memories' vectors."""
+    return pa.schema(_id_user() + [
+        pa.field("node_id", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("session_ts", TS),
+        pa.field("cluster_id", pa.string()),
+        pa.field("cluster_size", pa.int32()),
+        pa.field("centroid_sim", pa.float32()),
+        pa.field("batch_id", pa.string()),
+        pa.field("run_id", pa.string()),
+        pa.field("weave_version", pa.string()),
+    ])
+
+
+def graph_edges(dim: int) -> pa.Schema:
+    """MemWeaver temporal edges (consecutive nodes, and a batch's first node to the last old one):
+    the edges that cluster membership cannot give, with their weights."""
+    return pa.schema(_id_user() + [
+        pa.field("src_id", pa.string()),
+        pa.field("dst_id", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("gap_days", pa.float32()),
+        pa.field("similarity", pa.float32()),
+        pa.field("run_id", pa.string()),
+    ])
+
+
+def summaries(dim: int) -> pa.Schema:
+    """MemWeaver cognitive memory: a local summary per phase (`level` = phase) and one global
+    profile per user (`level` = profile); `member_ids` are the fragments (or, for the profile, the
+    phase summaries) it covers, `source_ids` their messages."""
+    return pa.schema(_id_user() + [
+        pa.field("level", pa.string()),
+        pa.field("session_id", pa.string()),
+        pa.field("session_ts", TS),
+        pa.field("start_ts", TS),
+        pa.field("end_ts", TS),
+        pa.field("key", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("date", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("member_ids", STR_LIST),
+        pa.field("n_items", pa.int32()),
+        pa.field("vector", vector_type(dim)),
+    ] + _provenance())
+
+
 SCHEMAS = {
     "messages": messages,
     "sessions": sessions,
@@ -210,11 +312,17 @@ SCHEMAS = {
     "runs": runs,
     "quarantine": quarantine,
     "llm_cache": llm_cache,
+    "topics": topics,
+    "feedback": feedback,
+    "rerankers": rerankers,
+    "graph_nodes": graph_nodes,
+    "graph_edges": graph_edges,
+    "summaries": summaries,
 }
 
 #: tables whose rows are scoped by user and get a scalar index on `user_id`
 USER_TABLES = ("messages", "sessions", "observations", "fragments", "insights", "clusters", "links",
-               "watermarks")
+               "watermarks", "topics", "feedback", "graph_nodes", "graph_edges", "summaries")
 
 
 def schema_for(name: str, dim: int) -> pa.Schema:

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     theta: float = Field(0.6, description="centroid cosine above which clusters link (PREMem θ)")
     max_clusters: int = 8
 
+    # MemWeaver
+    rebuild_graph: bool = Field(False, description="rebuild each user's graph and summaries from scratch")
+
     # orchestration
     shard_size: int = 8
     max_workers: int = 2

@@ -30,8 +30,12 @@ _DIA = re.compile(r"D\d+:\d+")
 
 def recall_at(items: Sequence[Any], evidence: set[str], k: int) -> float:
     """Share of `evidence` among the first k distinct source ids of the ranked items."""
+    from retrieval.context import is_profile
+
     seen: list[str] = []
     for it in items:
+        if is_profile(it):  # the pinned MemWeaver profile is context, not ranked evidence
+            continue
         for sid in it.source_ids:
             if sid not in seen:
                 seen.append(sid)
@@ -55,7 +59,26 @@ def consolidate_locomo(path: str, store_dir: str, extraction: str) -> Any:
     ingest(store, path, "locomo", observations_as_fragments=extraction == "observations")
     report = consolidate(store, settings)
     log.info("%s", report.summary())
+    REPORTS[store_dir] = report
     return store
+
+
+#: the consolidation report of each store `consolidate_locomo` built, by store directory
+REPORTS: dict[str, Any] = {}
+
+
+def memweaver_cost(report: Any) -> str:
+    """What weave + summarize added to one consolidation run: time, share, LLM requests per session."""
+    if report is None or not report.counts.get("sessions"):
+        return "MemWeaver cost: n/a (the store was already consolidated)"
+    t = report.timings
+    mw = t.get("weave", 0.0) + t.get("summarize", 0.0)
+    rest = sum(v for k, v in t.items() if k not in ("weave", "summarize", "topics"))
+    n = report.counts["sessions"]
+    calls = report.llm.get("memweaver_requests", 0)
+    return (f"MemWeaver cost: weave {t.get('weave', 0.0):.1f}s + summarize {t.get('summarize', 0.0):.1f}s = "
+            f"{mw:.1f}s, +{100 * mw / max(rest, 1e-9):.1f} % of the PREMem stages' {rest:.1f}s "
+            f"({1000 * mw / n:.0f} ms/session); {calls} LLM requests ({calls / n:.2f}/session)")
 
 
 def load_questions(path: str, store: Any) -> list[dict[str, Any]]:
@@ -149,7 +172,8 @@ def bench_locomo(path: str, *, extraction: str = "rules", strategies: Sequence[s
         header = (f"LoCoMo {Path(path).name}, extraction={extraction}, {len(questions)} questions "
                   f"(categories 1-4), memory {counts}, default strategy {r.settings.default_strategy}\n"
                   f"categories: " + ", ".join(f"{c}={n}" for c, n in CATEGORIES.items()) +
-                  "; dense = top-K over raw turns (baseline); recollection = share of queries routed there\n")
+                  "; dense = top-K over raw turns (baseline); recollection = share of queries routed there\n"
+                  + memweaver_cost(REPORTS.get(store)) + "\n")
         return header + table(rows, ks)
     finally:
         if tmp is not None:

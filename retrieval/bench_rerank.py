@@ -40,12 +40,13 @@ def split(questions: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
 
 
 def simulate_feedback(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx: Sequence[int],
-                      k: int, strategy: str | None) -> dict[str, float]:
-    """Retrieve, cite the shown items whose sources hit the evidence, post the feedback."""
+                      k: int, strategy: str | None, explore: bool) -> dict[str, float]:
+    """Retrieve (Gumbel-sampled top-k of the top-20 when `explore`, else the base top-k), cite the
+    shown items whose sources hit the evidence, post the feedback."""
     shown_n = cited_n = posted = 0
     for i in idx:
         q = questions[i]
-        res = r.retrieve(q["user"], vecs[i], k=k, strategy=strategy, text=q["question"], rerank=False)
+        res = r.retrieve(q["user"], vecs[i], k=k, strategy=strategy, text=q["question"], rerank=explore)
         shown = res.ids
         if not shown:
             continue
@@ -86,7 +87,8 @@ def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
 
 
 def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = None, epochs: int = 1,
-                 scope: str = GLOBAL, reset: bool = False, settings: RetrievalSettings | None = None) -> str:
+                 scope: str = GLOBAL, reset: bool = False, explore: bool = True,
+                 settings: RetrievalSettings | None = None) -> str:
     tmp = None
     if store is None:
         tmp = tempfile.TemporaryDirectory(prefix="mnemo-rerank-")
@@ -108,10 +110,13 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
         name = strategy or base.default_strategy
         lines = [f"LoCoMo {Path(path).name}: {len(questions)} questions (categories 1-4), "
                  f"train {len(train_idx)} / test {len(test_idx)} (alternating per conversation), "
-                 f"strategy {name}, reranker scope {scope}, epochs {epochs}"]
+                 f"strategy {name}, reranker scope {scope}, epochs {epochs}, "
+                 f"feedback from {'Gumbel-sampled (explore)' if explore else 'deterministic'} top-5"]
 
         t0 = time.perf_counter()
-        fb = simulate_feedback(r, questions, vecs, train_idx, 5, name)
+        collector = Retriever(st, r.settings.with_overrides(rerank_explore=True, rerank_seed=0),
+                              embedder=r.embedder) if explore else r
+        fb = simulate_feedback(collector, questions, vecs, train_idx, 5, name, explore)
         cfg = TrainConfig(epochs=epochs)
         reports = train_reranker(r, scope=scope, cfg=cfg, strategy=name)
         lines.append(f"feedback: {fb['posted']} queries posted, {fb['cited_share']:.3f} of shown items cited; "

@@ -44,8 +44,27 @@ def format_item(item: _Item) -> str:
     return f"[{date}] ({item.kind}) {text}"
 
 
+#: the key of a user's global profile (MemWeaver cognitive memory, memory/summarize.py)
+PROFILE_KEY = "user profile"
+
+
+def is_profile(item: Any) -> bool:
+    """The user's MemWeaver profile, pinned to a result as context rather than ranked evidence."""
+    return getattr(item, "kind", None) == "summary" and getattr(item, "key", None) == PROFILE_KEY
+
+
 def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "Memories (oldest first):") -> str:
-    """The items that fit in `max_tokens` (rank order), printed chronologically."""
+    """The items that fit in `max_tokens` (rank order), printed chronologically, after the user's
+    profile when the result carries one."""
+    items = list(items)
+    profile = next((it for it in items if is_profile(it)), None)
+    head = []
+    if profile is not None:
+        items = [it for it in items if it is not profile]
+        text = f"User profile ({profile.date or 'undated'}):\n{(profile.text or '').strip()}"
+        if approx_tokens(text) < max_tokens // 2:  # the profile never crowds out the memories
+            head = [text, ""]
+            max_tokens -= approx_tokens(text)
     budget = max_tokens - approx_tokens(header)
     chosen = []
     for item in items:
@@ -56,6 +75,6 @@ def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "M
         chosen.append((sort_key(item), line))
         budget -= cost
     if not chosen:
-        return ""
+        return "\n".join(head).strip()
     chosen.sort(key=lambda c: c[0])
-    return "\n".join([header] + [line for _, line in chosen])
+    return "\n".join(head + [header] + [line for _, line in chosen])

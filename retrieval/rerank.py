@@ -58,6 +58,7 @@ class TrainConfig:
     top_m: int = 5
     epochs: int = 1
     seed: int = 0
+    optimizer: str = "sgd"          # eq. 3: Δφ = η (R − b) ∇ log P; "adam" is the alternative
 
 
 @dataclass
@@ -86,6 +87,16 @@ class Reranker:
         """Positions of the top-M candidates by adapted score (stable on ties) and their scores."""
         s = self.scores(q, m, prior)
         order = np.argsort(-s, kind="stable")[:top_m]
+        return order, s[order]
+
+    def sample(self, q: np.ndarray, m: np.ndarray, prior: np.ndarray | None, top_m: int,
+               rng: np.random.Generator, temperature: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+        """Top-M of the Gumbel-perturbed scores s_i / τ + g_i: a sample without replacement from the
+        policy softmax(s / τ) (the Gumbel trick, paper eq. 2), the online exploration REINFORCE
+        learns from."""
+        s = self.scores(q, m, prior)
+        g = -np.log(-np.log(rng.uniform(1e-10, 1.0, size=s.shape)))
+        order = np.argsort(-(s / temperature + g), kind="stable")[:top_m]
         return order, s[order]
 
     def to_bytes(self) -> bytes:
@@ -178,23 +189,34 @@ class Example:
     reward: np.ndarray
 
 
-def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig, rng: np.random.Generator) -> tuple[float, np.ndarray, np.ndarray]:
+def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig,
+               rng: np.random.Generator | None = None) -> tuple[float, np.ndarray, np.ndarray]:
+    """REINFORCE loss and gradients for one logged query.
+
+    The shown items are the policy's sample without replacement, in order (Plackett-Luce over
+    softmax(s / τ), which Gumbel-top-M sampling draws from), so
+    log P(shown) = Σ_k z_{i_k} − log Σ_{j not yet shown} exp(z_j), z = s / τ, and each step is
+    weighted by its own item's advantage R − b."""
     qp = ex.q + model.wq @ ex.q
     mp = ex.m + ex.m @ model.wm.T
-    s = mp @ qp + ex.prior
-    u = rng.uniform(1e-10, 1.0, size=s.shape)
-    z = (s - np.log(-np.log(u))) / cfg.temperature
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
-    adv = np.zeros_like(s)
-    adv[ex.shown] = ex.reward - cfg.baseline
-    loss = -float((adv[ex.shown] * np.log(p[ex.shown] + 1e-12)).sum())
-    g = -(adv - p * adv.sum()) / cfg.temperature            # dL/ds
-    g_qp = mp.T @ g
-    g_wq = np.outer(g_qp, ex.q)
+    z = (mp @ qp + ex.prior) / cfg.temperature
+    adv = ex.reward - cfg.baseline
+    remaining = np.ones(z.shape[0], dtype=bool)
+    g = np.zeros_like(z)
+    loss = 0.0
+    for pos, a in zip(ex.shown, adv):
+        zr = np.where(remaining, z, -np.inf)
+        top = zr.max()
+        p = np.exp(zr - top)
+        p /= p.sum()
+        loss -= a * (z[pos] - top - np.log(np.exp(zr - top).sum()))
+        g += a * p                      # d(-a log p_pos)/dz = -a (onehot - p)
+        g[pos] -= a
+        remaining[pos] = False
+    g /= cfg.temperature                # dL/ds
+    g_wq = np.outer(mp.T @ g, ex.q)
     g_wm = np.outer(qp, ex.m.T @ g)
-    return loss, g_wq, g_wm
+    return float(loss), g_wq, g_wm
 
 
 def cited_in_top(model: Reranker, examples: Sequence[Example], top_m: int) -> float:
@@ -234,6 +256,10 @@ def train(examples: Sequence[Example], dim: int, init: Reranker | None = None,
                 bl += loss / len(batch)
             losses.append(bl)
             step += 1
+            if cfg.optimizer == "sgd":
+                model.wq -= (cfg.lr * gq).astype(np.float32)
+                model.wm -= (cfg.lr * gm).astype(np.float32)
+                continue
             for name, grad in (("wq", gq), ("wm", gm)):
                 m1, m2 = state[name]
                 m1 *= b1
@@ -347,6 +373,10 @@ def train_reranker(retriever: Any, *, scope: str = GLOBAL, cfg: TrainConfig = Tr
         examples = examples_from_feedback(retriever, rows, cfg, strategy)
         model, metrics = train(examples, store.dim, init, cfg)
         metrics["from_version"] = init.version if init is not None else 0
+        if not (np.isfinite(model.wq).all() and np.isfinite(model.wm).all()):
+            log.error("reranker %s diverged on %d feedback rows; no version written", key, len(rows))
+            reports.append(TrainReport(key, None, len(rows), metrics, skipped="diverged"))
+            continue
         until = max(r["created_at"] for r in rows)
         version = save_version(store, model, key, feedback_until=until, metrics=metrics, run_id=run_id)
         reports.append(TrainReport(key, version, len(rows), metrics))

@@ -181,7 +181,7 @@ class Retriever:
     def _rerank(self, user_id: str, index: UserIndex, vec: np.ndarray, rows: np.ndarray, scores: np.ndarray,
                 top_m: int, signals: dict[str, Any], timings: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         """Top-M of the candidates by the latest reranker (retrieval.rerank); base order without one."""
-        from retrieval.rerank import GLOBAL, RerankerCache, scope_key
+        from retrieval.rerank import GLOBAL, Reranker, RerankerCache, scope_key
 
         t0 = time.perf_counter()
         with self._rmm_lock:
@@ -190,6 +190,9 @@ class Retriever:
                 cache = self._rmm["rerankers"] = RerankerCache(self.store, self.settings.refresh_ms)
         model = cache.get(scope_key("user", user_id)) if self.settings.rerank_scope == "user" else None
         model = model or cache.get(GLOBAL)
+        explore = self.settings.rerank_explore
+        if model is None and explore:
+            model = Reranker.identity(vec.shape[0])
         if model is None or model.dim != vec.shape[0]:
             if not self._rmm.get("warned"):
                 log.warning("rerank asked but no valid reranker version is stored: keeping the base order")
@@ -197,9 +200,16 @@ class Retriever:
             signals["reranker"] = None
             return rows[:top_m], scores[:top_m]
         m = index.z[rows]
-        order, sc = model.rerank(vec, m, scores.astype(np.float32) - m @ vec, top_m)
+        prior = scores.astype(np.float32) - m @ vec
+        if explore:
+            with self._rmm_lock:
+                rng = self._rmm.setdefault("rng", np.random.default_rng(self.settings.rerank_seed))
+                order, sc = model.sample(vec, m, prior, top_m, rng)
+        else:
+            order, sc = model.rerank(vec, m, prior, top_m)
         timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
-        signals["reranker"] = {"version": model.version, "scope": model.scope, "candidates": int(rows.size)}
+        signals["reranker"] = {"version": model.version, "scope": model.scope, "candidates": int(rows.size),
+                               "explore": explore}
         return rows[order], sc
 
     def feedback(self, user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequence[str], *,

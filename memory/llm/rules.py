@@ -711,3 +711,156 @@ def reason_answer(ctx: dict[str, Any]) -> dict[str, Any]:
         if len(out) >= _MAX_INSIGHTS:
             break
     return {"extended_insight": out}
+
+
+# --------------------------------------------------------------------------------------------------
+# topics / topic-merge: RMM prospective reflection (Tan et al. §5, Appendix D.1), extractively
+# --------------------------------------------------------------------------------------------------
+_TOPIC_MIN_TURNS = 3          # no segment shorter than this many turns
+_TOPIC_MAX_TURNS = 10         # longer segments are split again at their weakest link
+_TOPIC_DEPTH = 0.5            # a breakpoint is a link this many std below the session's mean similarity
+_TOPIC_MAX_WORDS = 60
+
+
+def topic_segments(sims: list[float], n: int) -> list[tuple[int, int]]:
+    """[start, end) turn ranges cut at embedding breakpoints: links between consecutive turns whose
+    cosine is well below the session's mean, deepest first, keeping segments >= _TOPIC_MIN_TURNS;
+    segments over _TOPIC_MAX_TURNS are cut again at their weakest link."""
+    if n <= _TOPIC_MIN_TURNS or len(sims) != n - 1:
+        return [(0, n)] if n else []
+    arr = sims
+    mean = sum(arr) / len(arr)
+    std = (sum((x - mean) ** 2 for x in arr) / len(arr)) ** 0.5
+    cuts: list[int] = []          # a cut at i separates turn i and i + 1
+
+    def fits(i: int) -> bool:
+        bounds = sorted(cuts + [i])
+        edges = [-1] + bounds + [n - 1]
+        return all(b - a >= _TOPIC_MIN_TURNS for a, b in zip(edges, edges[1:]))
+
+    for i in sorted(range(len(arr)), key=lambda j: (arr[j], j)):
+        if arr[i] < mean - _TOPIC_DEPTH * std and fits(i):
+            cuts.append(i)
+    changed = True
+    while changed:
+        changed = False
+        edges = [-1] + sorted(cuts) + [n - 1]
+        for a, b in zip(edges, edges[1:]):
+            if b - a > _TOPIC_MAX_TURNS:
+                inner = [j for j in range(a + _TOPIC_MIN_TURNS, b - _TOPIC_MIN_TURNS + 1)]
+                if inner:
+                    cuts.append(min(inner, key=lambda j: (arr[j], j)))
+                    changed = True
+                    break
+    edges = [-1] + sorted(cuts) + [n - 1]
+    return [(a + 1, b + 1) for a, b in zip(edges, edges[1:])]
+
+
+@rule("topics")
+def topics_answer(ctx: dict[str, Any]) -> dict[str, Any]:
+    """RMM D.1.1 for one participant: the session cut into topics at embedding breakpoints
+    (`adjacent_sims`); per topic, the participant's personal statements in it, third person,
+    referencing the turns they came from. No statement in a segment -> no topic (NO_TRAIT)."""
+    turns = ctx.get("turns", [])
+    subject = str(ctx.get("subject") or "")
+    vocatives = _vocatives(list(ctx.get("participants") or []))
+    out = []
+    for a, b in topic_segments([float(x) for x in ctx.get("adjacent_sims", [])], len(turns)):
+        values: list[str] = []
+        refs: list[int] = []
+        words = 0
+        for t in turns[a:b]:
+            if str(t.get("speaker") or "") != subject:
+                continue
+            for _, _, value, _ in statement_items(str(t.get("text") or ""), subject, vocatives):
+                n = len(value.split())
+                if words and words + n > _TOPIC_MAX_WORDS:
+                    break
+                if value.lower() in (v.lower() for v in values):
+                    continue
+                values.append(value.rstrip(".!") + ".")
+                words += n
+                if t["turn"] not in refs:
+                    refs.append(int(t["turn"]))
+        if values:
+            out.append({"summary": " ".join(values), "reference": refs})
+    return {"extracted_memories": out}
+
+
+def _merge_text(old: str, new: str) -> str:
+    """Extractive merge: the old summary's sentences plus the new ones it lacks, the oldest dropped
+    first beyond _TOPIC_MAX_WORDS * 2 words."""
+    sents = [s.strip() for s in split_sentences(old) if s.strip()]
+    have = {s.lower() for s in sents}
+    sents += [s.strip() for s in split_sentences(new) if s.strip() and s.strip().lower() not in have]
+    while len(sents) > 1 and sum(len(s.split()) for s in sents) > 2 * _TOPIC_MAX_WORDS:
+        sents.pop(0)
+    return " ".join(sents)
+
+
+@rule("topic-merge")
+def topic_merge_answer(ctx: dict[str, Any]) -> dict[str, Any]:
+    """RMM D.1.2: Merge into the most similar history topic when its cosine (given in the context)
+    reaches the threshold, else Add()."""
+    hist = ctx.get("history", [])
+    if not hist:
+        return {"action": "Add()"}
+    best = max(range(len(hist)), key=lambda i: (float(hist[i].get("similarity", 0.0)), -i))
+    if float(hist[best].get("similarity", 0.0)) < float(ctx.get("threshold", 0.75)):
+        return {"action": "Add()"}
+    return {"action": f"Merge({best}, {_merge_text(hist[best]['summary'], ctx['new_summary'])})"}
+
+
+# --------------------------------------------------------------------------------------------------
+# MemWeaver cognitive memory: extractive summaries
+# --------------------------------------------------------------------------------------------------
+
+def central_order(texts: list[str]) -> list[int]:
+    """Indices of `texts`, most central first: the sum of TF-IDF cosines to the other texts
+    (ties by position). What the `rules` summaries pick instead of writing prose."""
+    import math
+    from collections import Counter
+
+    toks = [_content_tokens(t, set()) for t in texts]
+    df = Counter(tok for ts in toks for tok in ts)
+    n = len(texts)
+    vecs = []
+    for ts in toks:
+        w = {t: math.log((1 + n) / (1 + df[t])) + 1.0 for t in ts}
+        norm = math.sqrt(sum(v * v for v in w.values())) or 1.0
+        vecs.append({t: v / norm for t, v in w.items()})
+    cent = [sum(sum(a.get(t, 0.0) * v for t, v in b.items()) for j, b in enumerate(vecs) if j != i)
+            for i, a in enumerate(vecs)]
+    return sorted(range(n), key=lambda i: (-cent[i], i))
+
+
+#: a phase summary quotes about one fragment in eight, between one and five
+_SUMMARY_PER = 8
+_SUMMARY_MAX = 5
+
+
+@rule("summarize")
+def summarize_answer(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Table 4, extractively: the phase's most central fragments, in time order."""
+    items = ctx["items"]
+    texts = [it["text"] for it in items]
+    n_pick = min(_SUMMARY_MAX, max(1, -(-len(texts) // _SUMMARY_PER)))
+    picked = sorted(central_order(texts)[:n_pick])
+    body = "; ".join(_cap_words(texts[i], 30) for i in picked)
+    return {"summary": f"From {ctx['start']} to {ctx['end']}: {body}."}
+
+
+@rule("profile")
+def profile_answer(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Table 5, extractively: the most central phase summaries as bullets, oldest first, ≤ 300 words."""
+    texts = [s["text"] for s in ctx["summaries"]]
+    budget, picked = 290, []
+    for i in central_order(texts):
+        cost = len(texts[i].split()) + 1
+        if cost > budget:
+            continue
+        picked.append(i)
+        budget -= cost
+    if not picked and texts:  # one very long summary: cut it
+        return {"profile": "- " + " ".join(texts[0].split()[:290])}
+    return {"profile": "\n".join("- " + texts[i] for i in sorted(picked)) or "- (no history yet)"}

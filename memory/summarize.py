@@ -1,0 +1,240 @@
+"""MemWeaver cognitive memory (Yu et al., §3.3.2 and §3.3.3): phase summaries and a global profile.
+
+Each user's fragments, in time order, are split into phases at semantic breakpoints: for every gap
+between two consecutive fragments, the cosine between the mean vector of the `WINDOW` fragments
+before it and of the `WINDOW` after it; a gap is a breakpoint candidate when that similarity is a
+local minimum and lies `DROP_STD` standard deviations below the user's mean (a significant drop).
+Candidates are accepted deepest first while every phase keeps at least `MIN_PHASE` fragments; a
+phase still longer than `MAX_PHASE` is then split at its deepest admissible gap until none is.
+
+One LLM request per phase (Table 4: a local summary), all phases of the shard in one batch; then one
+request per user (Table 5: the global profile, at most 300 words, checked) over all of the user's
+local summaries, oldest first, as a second batch. Summaries are memory rows of the `summaries`
+table (level `phase` or `profile`), embedded, with `source_ids` = the messages their fragments
+cite, so the retriever can search them (kind `summary`).
+
+Incremental (§3.3.3): only the new fragments of a run are segmented and summarized (a run's batch
+never merges with an older phase); the profile is then re-synthesized from every local summary,
+old and new. Phases of sessions newer than the watermark are ignored when reading, so a re-run
+after a crash converges. A user whose stored fragments are not all covered by phases (an older
+store) and every user on `Settings.rebuild_graph` is re-segmented from scratch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from memory import prompts
+from memory.ids import make_id
+from memory.settings import Settings
+from memory.store import Store
+from memory.weave import Node, new_nodes, replace_user, stored_ids, stored_nodes, users_to_update
+
+log = logging.getLogger(__name__)
+
+MIN_PHASE = 8
+MAX_PHASE = 40
+WINDOW = 3
+DROP_STD = 0.5
+PROFILE_KEY = "user profile"
+
+
+# -- segmentation ---------------------------------------------------------------------------------
+def gap_similarities(vectors: np.ndarray, window: int = WINDOW) -> np.ndarray:
+    """sims[g-1] = cos(mean(v[g-w:g]), mean(v[g:g+w])) for every gap g = 1..n-1."""
+    n = len(vectors)
+    out = np.zeros(max(0, n - 1), dtype=np.float64)
+    for g in range(1, n):
+        a = vectors[max(0, g - window):g].mean(axis=0)
+        b = vectors[g:g + window].mean(axis=0)
+        out[g - 1] = float(a @ b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12)
+    return out
+
+
+def segment(vectors: np.ndarray, min_size: int = MIN_PHASE, max_size: int = MAX_PHASE,
+            window: int = WINDOW, drop_std: float = DROP_STD) -> list[tuple[int, int]]:
+    """Phases as [start, end) ranges over time-ordered vectors (see the module docstring)."""
+    n = len(vectors)
+    if n == 0:
+        return []
+    max_size = max(max_size, 2 * min_size)
+    if n < 2 * min_size:
+        return [(0, n)]
+    sims = gap_similarities(vectors, window)
+    thresh = sims.mean() - drop_std * sims.std()
+    cuts: list[int] = []
+
+    def admissible(g: int, lo: int = 0, hi: int = n) -> bool:
+        prev = max([c for c in cuts if c < g], default=lo)
+        nxt = min([c for c in cuts if c > g], default=hi)
+        return g - prev >= min_size and nxt - g >= min_size
+
+    for i in np.argsort(sims, kind="stable").tolist():
+        g = i + 1
+        left = sims[i - 1] if i > 0 else np.inf
+        right = sims[i + 1] if i + 1 < len(sims) else np.inf
+        if sims[i] < thresh and sims[i] <= left and sims[i] <= right and admissible(g):
+            cuts.append(g)
+    while True:
+        bounds = [0] + sorted(cuts) + [n]
+        long = [(a, b) for a, b in zip(bounds, bounds[1:]) if b - a > max_size]
+        if not long:
+            break
+        a, b = long[0]
+        gaps = np.arange(a + min_size, b - min_size + 1)
+        cuts.append(int(gaps[int(np.argmin(sims[gaps - 1]))]))
+    bounds = [0] + sorted(cuts) + [n]
+    return list(zip(bounds, bounds[1:]))
+
+
+# -- rows -------------------------------------------------------------------------------------------
+def _day(ts: datetime) -> str:
+    return ts.strftime("%Y-%m-%d")
+
+
+def date_range(start: datetime, end: datetime) -> str:
+    return _day(start) if _day(start) == _day(end) else f"{_day(start)} to {_day(end)}"
+
+
+def _sources(nodes: list[Node]) -> list[str]:
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in nodes:
+        for s in n.source_ids:
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+    return out
+
+
+def phase_context(user: str, number: int, nodes: list[Node]) -> dict[str, Any]:
+    return {"user_id": user, "phase_id": make_id(user, "phase", prompts.SUMMARIZE_VERSION, *[n.id for n in nodes]),
+            "number": number, "start": _day(nodes[0].session_ts), "end": _day(nodes[-1].session_ts),
+            "items": [{"id": n.id, "date": n.date or _day(n.session_ts), "text": n.text} for n in nodes]}
+
+
+def phase_row(ctx: dict[str, Any], nodes: list[Node], summary: str, *, run_id: str, backend: str,
+              model: str) -> dict[str, Any]:
+    start, end = nodes[0].session_ts, nodes[-1].session_ts
+    key = f"phase {date_range(start, end)}"
+    return {"id": ctx["phase_id"], "user_id": ctx["user_id"], "level": "phase", "session_id": nodes[-1].session_id,
+            "session_ts": end, "start_ts": start, "end_ts": end, "key": key, "content": summary,
+            "date": date_range(start, end), "text": f"{key}: {summary}", "member_ids": [n.id for n in nodes],
+            "n_items": len(nodes), "source_ids": _sources(nodes), "run_id": run_id, "backend": backend,
+            "model": model, "prompt_version": prompts.SUMMARIZE_VERSION}
+
+
+def profile_row(user: str, phases: list[dict[str, Any]], profile: str, *, run_id: str, backend: str,
+                model: str) -> dict[str, Any]:
+    start = min(p["start_ts"] for p in phases)
+    end = max(p["end_ts"] for p in phases)
+    sources: list[str] = []
+    seen: set[str] = set()
+    for p in phases:
+        for s in p["source_ids"]:
+            if s not in seen:
+                seen.add(s)
+                sources.append(s)
+    last = max(phases, key=lambda p: p["end_ts"])
+    return {"id": make_id(user, "profile"), "user_id": user, "level": "profile", "session_id": last["session_id"],
+            "session_ts": end, "start_ts": start, "end_ts": end, "key": PROFILE_KEY, "content": profile,
+            "date": date_range(start, end), "text": profile, "member_ids": [p["id"] for p in phases],
+            "n_items": len(phases), "source_ids": sources, "run_id": run_id, "backend": backend, "model": model,
+            "prompt_version": prompts.PROFILE_VERSION}
+
+
+# -- the stage --------------------------------------------------------------------------------------
+def _stored_phases(store: Store, user: str, until: datetime) -> pl.DataFrame:
+    t = pl.from_arrow(store.read("summaries", user, columns=[
+        "id", "level", "session_id", "session_ts", "start_ts", "end_ts", "content", "n_items", "source_ids"]))
+    if t.height == 0:
+        return t
+    return t.filter((pl.col("level") == "phase") & (pl.col("session_ts") <= until)).sort(["start_ts", "end_ts", "id"])
+
+
+def summarize(state: Any, store: Store, settings: Settings) -> Any:
+    """Summarize the shard's new phases (one LLM batch), then re-synthesize each profile (another)."""
+    from memory.pipeline import _merge_llm, _runner, embedder_for
+
+    start = time.perf_counter()
+    plans: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], list[Node]]]]] = []
+    for user in users_to_update(state, settings, ("fragment",)):
+        until = state.watermarks[user][0]
+        batch = new_nodes(state, user, ("fragment",))
+        old = _stored_phases(store, user, until)
+        rebuild = settings.rebuild_graph
+        if not rebuild:
+            covered = int(old["n_items"].sum()) if old.height else 0
+            if covered != len(stored_ids(store, user, until, ("fragment",))):
+                log.info("user %s has fragments outside its phases: re-segmenting", user)
+                rebuild = True
+        if rebuild:
+            replace_user(state, "summaries", user)
+            known = {n.id for n in batch}
+            batch += [n for n in stored_nodes(store, user, until, ("fragment",)) if n.id not in known]
+            old = old.clear()
+        batch.sort(key=Node.order)
+        phases = []
+        if batch:
+            vecs = np.stack([n.vector for n in batch])
+            for number, (a, b) in enumerate(segment(vecs), start=old.height + 1):
+                phases.append((phase_context(user, number, batch[a:b]), batch[a:b]))
+        old_rows = [dict(r, start_ts=r["start_ts"], end_ts=r["end_ts"]) for r in old.iter_rows(named=True)]
+        plans.append((user, old_rows, phases))
+    if not any(p for _, _, p in plans):
+        state.timings["summarize"] = state.timings.get("summarize", 0.0) + time.perf_counter() - start
+        return state
+
+    runner = _runner(store, settings)
+    backend = runner.backend
+    meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
+    requests = [prompts.summarize_request(ctx) for _, _, phases in plans for ctx, _ in phases]
+    answers, bad = runner.run(requests)
+    it = iter(answers)
+    new_rows: list[dict[str, Any]] = []
+    profile_plans = []
+    for user, old_rows, phases in plans:
+        mine = []
+        for (ctx, nodes), answer in zip(phases, it):
+            if answer is not None:
+                mine.append(phase_row(ctx, nodes, prompts.parse_summary(answer), **meta))
+        new_rows += mine
+        every = sorted(old_rows + mine, key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
+        if every:
+            profile_plans.append((user, every))
+    for q in bad:
+        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, q.request.context["phase_id"]))
+    preq = [prompts.profile_request({"user_id": user, "summaries": [
+        {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]} for r in every]})
+        for user, every in profile_plans]
+    panswers, pbad = runner.run(preq, validate=prompts.validate_profile)
+    _merge_llm(state, runner.stats)
+    state.llm["memweaver_requests"] = state.llm.get("memweaver_requests", 0) + len(requests) + len(preq)
+    profiles = [profile_row(user, every, prompts.parse_profile(a), **meta)
+                for (user, every), a in zip(profile_plans, panswers) if a is not None]
+    for q in pbad:
+        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, "profile"))
+    rows = new_rows + profiles
+    if rows:
+        vecs = embedder_for(settings).embed([r["text"] for r in rows])
+        for r, v in zip(rows, vecs):
+            r["vector"] = v
+        state.extra.setdefault("summaries", []).extend(rows)
+    state.timings["summarize"] = state.timings.get("summarize", 0.0) + time.perf_counter() - start
+    return state
+
+
+def read_profile(store: Store, user: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(the profile row or None, the phase rows oldest first) of one user."""
+    t = pl.from_arrow(store.read("summaries", user, columns=[
+        "id", "level", "key", "content", "date", "start_ts", "end_ts", "n_items", "source_ids", "member_ids"]))
+    if t.height == 0:
+        return None, []
+    prof = t.filter(pl.col("level") == "profile")
+    phases = t.filter(pl.col("level") == "phase").sort(["start_ts", "end_ts", "id"]).to_dicts()
+    return (prof.row(0, named=True) if prof.height else None), phases

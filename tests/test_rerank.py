@@ -1,0 +1,129 @@
+"""The RMM reranker: REINFORCE gradient, learning on a synthetic task, versioned storage, corrupt
+versions ignored, the retriever's rerank path, and the train stage (skip, incremental, per user)."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from memory.embed import Embedder
+from memory.store import Store
+from retrieval import RetrievalSettings, Retriever
+from retrieval.rerank import (GLOBAL, Example, Reranker, TrainConfig, _loss_grad, load_latest, save_version,
+                              scope_key, train, train_reranker)
+
+DIM = 16
+
+
+def _example(rng: np.random.Generator, k: int = 8) -> Example:
+    q = rng.standard_normal(DIM)
+    q /= np.linalg.norm(q)
+    m = rng.standard_normal((k, DIM))
+    m /= np.linalg.norm(m, axis=1, keepdims=True)
+    shown = np.arange(5)
+    reward = np.where(q[0] * m[shown, 1] > 0, 1.0, -1.0)    # "cited": a bilinear relation q'm' can learn
+    return Example(q.astype(np.float32), m.astype(np.float32), np.zeros(k, np.float32), shown, reward)
+
+
+def test_gradient_matches_finite_differences() -> None:
+    rng = np.random.default_rng(1)
+    ex = _example(rng)
+    model = Reranker(rng.standard_normal((DIM, DIM)) * 0.1, rng.standard_normal((DIM, DIM)) * 0.1)
+    cfg = TrainConfig()
+    _, gq, gm = _loss_grad(model, ex, cfg, np.random.default_rng(7))
+    eps = 1e-5
+    for name, grad in (("wq", gq), ("wm", gm)):
+        for i, j in ((0, 1), (3, 2), (5, 5)):
+            w = getattr(model, name)
+            old = w[i, j]
+            w[i, j] = old + eps
+            up = _loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
+            w[i, j] = old - eps
+            down = _loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
+            w[i, j] = old
+            assert abs((up - down) / (2 * eps) - grad[i, j]) < 1e-4 * max(1.0, abs(grad[i, j]))
+
+
+def test_training_moves_cited_items_up() -> None:
+    rng = np.random.default_rng(0)
+    examples = [_example(rng) for _ in range(400)]
+    model, metrics = train(examples, DIM, cfg=TrainConfig(epochs=10, top_m=2, lr=0.05))
+    assert metrics["steps"] == 1000 and metrics["examples"] == 400
+    assert metrics["cited_in_top_m_after"] > metrics["cited_in_top_m_before"] + 0.1
+    identity = Reranker.identity(DIM)
+    ex = examples[0]
+    assert np.allclose(identity.scores(ex.q, ex.m), ex.m @ ex.q)     # W = 0 keeps the base scores
+
+
+def test_versions_roundtrip_and_corrupt_ones_are_ignored(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    a = Reranker(rng.standard_normal((384, 384)).astype(np.float32) * 0.01, np.zeros((384, 384), np.float32))
+    until = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    assert save_version(store, a, GLOBAL, feedback_until=until, metrics={"x": 1}) == 1
+    assert save_version(store, Reranker.identity(384), GLOBAL, feedback_until=until, metrics={}) == 2
+    model, row = load_latest(store, GLOBAL)
+    assert model is not None and model.version == 2 and row is not None
+    # corrupt version 2's bytes: it is skipped with a warning, version 1 is used
+    bad = dict(row)
+    bad["weights"] = row["weights"][:-8]
+    store.upsert("rerankers", [bad])
+    with caplog.at_level(logging.WARNING):
+        model, _ = load_latest(store, GLOBAL)
+    assert model is not None and model.version == 1 and np.allclose(model.wq, a.wq)
+    assert "ignoring reranker global version 2" in caplog.text
+    assert load_latest(store, scope_key("user", "nobody"))[0] is None
+
+
+@pytest.fixture()
+def retriever(store: Store) -> Retriever:
+    from tests.test_retrieval import ALICE, BOB, _write_user
+    from memory.embed import get_embedder
+
+    emb: Embedder = get_embedder()
+    _write_user(store, emb, "alice", ALICE)
+    _write_user(store, emb, "bob", BOB)
+    return Retriever(store, RetrievalSettings(refresh_ms=0), embedder=emb)
+
+
+def test_retriever_reranks_top_k_to_top_m(retriever: Retriever, caplog: pytest.LogCaptureFixture) -> None:
+    q = "what is my dog called?"
+    base = retriever.retrieve("alice", q, k=5, strategy="familiarity")
+    with caplog.at_level(logging.WARNING):
+        none = retriever.retrieve("alice", q, strategy="familiarity", rerank=True)
+    assert none.ids == base.ids and none.signals["reranker"] is None and "no valid reranker" in caplog.text
+    save_version(retriever.store, Reranker.identity(384), GLOBAL, feedback_until=datetime.now(timezone.utc),
+                 metrics={})
+    same = retriever.retrieve("alice", q, strategy="familiarity", rerank=True)
+    assert same.ids == base.ids and same.signals["reranker"]["version"] == 1
+    assert same.signals["reranker"]["candidates"] == 13 and same.signals["timings"]["rerank_ms"] < 50
+    # a reranker that prefers one memory puts it first
+    emb = retriever.embed(["Rex loves the beach"])[0]
+    target = retriever.retrieve("alice", emb, k=1, strategy="familiarity").ids[0]
+    qv = retriever.embed(["I went hiking in the Alps"])[0]
+    wq = np.outer(emb, qv).astype(np.float32) * 5                     # q' = q + 5 emb for this query
+    save_version(retriever.store, Reranker(wq, np.zeros((384, 384), np.float32)), GLOBAL,
+                 feedback_until=datetime.now(timezone.utc), metrics={})
+    moved = retriever.retrieve("alice", qv, strategy="familiarity", rerank=True)
+    assert moved.ids[0] == target and moved.signals["reranker"]["version"] == 2
+
+
+def test_train_stage_skips_then_trains_incrementally(retriever: Retriever) -> None:
+    assert train_reranker(retriever)[0].skipped == "no new feedback"
+    for q in ("what is my dog called?", "which band do I like?", "what did I paint?"):
+        res = retriever.retrieve("alice", q, k=5, strategy="familiarity")
+        retriever.feedback("alice", q, res.ids, res.ids[:1])
+    res = retriever.retrieve("bob", "when do I play chess?", k=2, strategy="familiarity")
+    retriever.feedback("bob", "when do I play chess?", res.ids, res.ids[1:])
+    first = train_reranker(retriever, strategy="familiarity")
+    assert [(r.scope, r.version, r.feedback) for r in first] == [(GLOBAL, 1, 4)]
+    assert first[0].metrics["steps"] == 1 and first[0].metrics["examples"] == 4
+    assert train_reranker(retriever)[0].skipped == "no new feedback"       # nothing newer than v1
+    retriever.feedback("alice", "where did I go hiking?", res_ids := retriever.retrieve(
+        "alice", "where did I go hiking?", k=5).ids, res_ids[:2])
+    second = train_reranker(retriever, strategy="familiarity")
+    assert (second[0].version, second[0].feedback, second[0].metrics["from_version"]) == (2, 1, 1)
+    per_user = train_reranker(retriever, scope="user", strategy="familiarity")
+    assert sorted((r.scope, r.version) for r in per_user) == [("user:alice", 1), ("user:bob", 1)]
+    assert per_user[0].metrics["from_version"] == 2                      # started from the global one

@@ -1,0 +1,107 @@
+"""MemWeaver random walk (retrieval/walk.py): Eq. 2 transition probabilities in days, determinism per
+query, unique visited nodes, the walk strategies on a consolidated store and without a graph."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memory.ingest import ingest
+from memory.runs import consolidate, open_store
+from memory.settings import Settings
+from memory.store import Store
+from retrieval.walk import Graph, WalkParams, _rng, node_weights, transitions, walk
+
+SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
+
+
+def _graph() -> Graph:
+    """5 nodes on days 0, 0, 10, 30, 100; clusters {0, 2, 4} and {1, 3}; chain 0-1-2-3-4."""
+    days = np.array([0.0, 0.0, 10.0, 30.0, 100.0])
+    cluster = np.array([0, 1, 0, 1, 0])
+    temporal: list[list[tuple[int, float]]] = [[] for _ in range(5)]
+    for a in range(4):
+        gap = days[a + 1] - days[a]
+        temporal[a].append((a + 1, gap))
+        temporal[a + 1].append((a, gap))
+    return Graph(np.arange(5), days, cluster, [np.flatnonzero(cluster == c) for c in (0, 1)], temporal)
+
+
+def test_transition_follows_eq_2_in_days() -> None:
+    g, p = _graph(), WalkParams()
+    sims = np.array([0.9, 0.5, 0.8, -0.2, 0.6])
+    base = node_weights(g, sims, p)  # query time = the latest node (day 100)
+    nb, prob = transitions(g, 0, base, p)
+    assert sorted(nb.tolist()) == [1, 2, 4]  # temporal neighbour 1, cluster mates 2 and 4
+    want = {v: max(sims[v], 0) ** 1.5 * np.exp(-0.01 * (100 - g.days[v])) * np.exp(-0.02 * abs(g.days[v] - 0))
+            for v in (1, 2, 4)}
+    total = sum(want.values())
+    for v, pv in zip(nb.tolist(), prob.tolist()):
+        assert pv == pytest.approx(want[v] / total)
+    nb3, prob3 = transitions(g, 3, base, p)
+    assert 3 not in nb3.tolist() and prob3.sum() == pytest.approx(1.0)
+    # a negative cosine is never a destination
+    assert all(pv == 0 for v, pv in zip(*transitions(g, 2, base, p)) if v == 3)
+
+
+def test_walk_is_deterministic_per_query_and_unique() -> None:
+    g = _graph()
+    sims = np.array([0.9, 0.5, 0.8, 0.3, 0.6])
+    q = np.ones(8, np.float32)
+    a = walk(g, sims, [0, 2], _rng("u", q))
+    b = walk(g, sims, [0, 2], _rng("u", q))
+    assert a.nodes == b.nodes and a.visits == b.visits
+    assert len(a.nodes) == len(set(a.nodes)) and a.nodes[0] == 0
+    assert a.steps == 20 and sum(a.visits.values()) == 22
+    assert walk(g, sims, [], _rng("u", q)).nodes == []
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    s = Settings(store=str(tmp_path_factory.mktemp("walk") / "store"))
+    st = open_store(s)
+    ingest(st, SAMPLE, "jsonl")
+    consolidate(st, s)
+    return st
+
+
+@pytest.mark.parametrize("strategy", ["walk", "rfmem-walk", "rfmem-hybrid-walk"])
+def test_walk_strategies_on_a_store(store: Store, strategy: str) -> None:
+    from retrieval import RetrievalSettings, Retriever
+    from retrieval.context import is_profile
+
+    r = Retriever(store, RetrievalSettings(refresh_ms=0))
+    user = store.users()[0]
+    res = r.retrieve(user, "what did they do on the weekend?", k=5, strategy=strategy)
+    ranked = [it for it in res.items if not is_profile(it)]
+    assert 0 < len(ranked) <= 5 and len({it.id for it in ranked}) == len(ranked)
+    again = r.retrieve(user, "what did they do on the weekend?", k=5, strategy=strategy)
+    assert [it.id for it in again.items] == [it.id for it in res.items]
+    if strategy == "walk":
+        assert res.route == "recollection" and res.signals["walk_visited"] >= 1
+        assert res.signals["walk_steps"] > 0
+
+
+def test_walk_without_graph_falls_back(tmp_path: Path) -> None:
+    from retrieval import RetrievalSettings, Retriever
+    from retrieval.walk import graph_for
+
+    s = Settings(store=str(tmp_path / "s"))
+    st = open_store(s)
+    ingest(st, SAMPLE, "jsonl")
+    consolidate(st, s)
+    st.db.drop_table("graph_nodes")
+    r = Retriever(st, RetrievalSettings(refresh_ms=0))
+    user = st.users()[0]
+    assert graph_for(r.user_index(user)).size == 0
+    res = r.retrieve(user, "weekend", k=3, strategy="walk")
+    assert res.items and res.route == "recollection"
+
+
+def test_days_between_sessions() -> None:
+    from memory.weave import days
+
+    t = datetime(2023, 5, 1, tzinfo=timezone.utc)
+    assert days(t, t + timedelta(hours=36)) == pytest.approx(1.5)

@@ -1,0 +1,147 @@
+"""MemWeaver graph (memory/weave.py): K rule, one node per memory, a temporal chain, incremental
+batches linked and clustered on their own, rebuild equal to one batch, crash recovery, upgrade."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.ingest import ingest
+from memory.runs import consolidate, open_store
+from memory.settings import Settings
+from memory.store import Store
+from memory.weave import K_DEFAULT, choose_k
+
+SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
+
+
+def _split(tmp: Path) -> tuple[Path, Path]:
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    firsts: dict[tuple[str, str], str] = {}
+    for r in rows:
+        key = (r["user_id"], r["session_id"])
+        firsts[key] = min(firsts.get(key, r["timestamp"]), r["timestamp"])
+    order = sorted(firsts, key=lambda k: firsts[k])
+    early = set(order[: len(order) // 2])
+    a, b = tmp / "a.jsonl", tmp / "b.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) in early) + "\n")
+    b.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) not in early) + "\n")
+    return a, b
+
+
+def graph(store: Store) -> dict[str, Any]:
+    nodes = store.read("graph_nodes").to_pylist()
+    edges = store.read("graph_edges").to_pylist()
+    assert len({n["id"] for n in nodes}) == len(nodes) and len({e["id"] for e in edges}) == len(edges)
+    return {"nodes": {(n["user_id"], n["node_id"]): (n["seq"], n["cluster_id"]) for n in nodes},
+            "edges": {(e["user_id"], e["src_id"], e["dst_id"]): round(e["gap_days"], 4) for e in edges}}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Store]:
+    tmp = tmp_path_factory.mktemp("weave")
+    one_s = Settings(store=str(tmp / "one"))
+    one = open_store(one_s)
+    ingest(one, SAMPLE, "jsonl")
+    consolidate(one, one_s)
+    a, b = _split(tmp)
+    two_s = Settings(store=str(tmp / "two"))
+    two = open_store(two_s)
+    ingest(two, a, "jsonl")
+    consolidate(two, two_s)
+    first = graph(two)
+    ingest(two, b, "jsonl")
+    consolidate(two, two_s)
+    shutil.copytree(tmp / "two", tmp / "rebuilt")
+    reb_s = Settings(store=str(tmp / "rebuilt"), rebuild_graph=True)
+    rebuilt = open_store(reb_s)
+    consolidate(rebuilt, reb_s)
+    return {"one": one, "two": two, "rebuilt": rebuilt, "first": first}  # type: ignore[dict-item]
+
+
+def test_k_rule() -> None:
+    assert choose_k(0) == 0 and choose_k(1) == 1 and choose_k(2) == 1
+    assert choose_k(10) == 3            # few nodes: at most one cluster per 3 nodes
+    assert choose_k(300) == K_DEFAULT   # the paper's K = 5
+    assert choose_k(1000) == 10         # very many: at most 100 nodes per cluster
+
+
+def test_one_node_per_memory_and_a_chain(stores: dict[str, Store]) -> None:
+    store = stores["one"]
+    g = graph(store)
+    for user in store.users():
+        mem = {r["id"] for t in ("fragments", "insights") for r in store.read(t, user, columns=["id"]).to_pylist()}
+        mine = {nid: v for (u, nid), v in g["nodes"].items() if u == user}
+        assert set(mine) == mem
+        assert sorted(s for s, _ in mine.values()) == list(range(len(mem)))
+        assert len({c for _, c in mine.values()}) <= choose_k(len(mem))
+        edges = [(s, d) for (u, s, d) in g["edges"] if u == user]
+        assert len(edges) == len(mem) - 1  # a chain: consecutive nodes only
+        by_seq = {v[0]: nid for nid, v in mine.items()}
+        assert set(edges) == {(by_seq[i], by_seq[i + 1]) for i in range(len(mem) - 1)}
+    nodes = store.read("graph_nodes").to_pylist()
+    assert all(-1.0 <= n["centroid_sim"] <= 1.0001 and n["cluster_size"] >= 1 for n in nodes)
+
+
+def test_incremental_batch_is_linked_and_clustered_alone(stores: dict[str, Store]) -> None:
+    one, two, first = graph(stores["one"]), graph(stores["two"]), stores["first"]
+    assert set(one["nodes"]) == set(two["nodes"])       # same nodes
+    assert one["edges"] == two["edges"]                 # same chain: batch 2 starts after batch 1's last node
+    for key, (seq, cluster) in first["nodes"].items():  # the old graph is not reprocessed
+        assert two["nodes"][key] == (seq, cluster)
+    new = {k: v for k, v in two["nodes"].items() if k not in first["nodes"]}
+    assert new and not ({c for _, c in new.values()} & {c for _, c in first["nodes"].values()})
+
+
+def test_rebuild_equals_one_batch(stores: dict[str, Store]) -> None:
+    assert graph(stores["rebuilt"]) == graph(stores["one"])
+    assert stores["rebuilt"].read("graph_nodes").num_rows == stores["one"].read("graph_nodes").num_rows
+
+
+def test_rerun_changes_nothing(stores: dict[str, Store], tmp_path: Path) -> None:
+    before = graph(stores["one"])
+    consolidate(stores["one"], Settings(store=stores["one"].uri))
+    assert graph(stores["one"]) == before
+
+
+def test_crash_before_watermarks_then_rerun(stores: dict[str, Store], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _split(tmp_path)
+    settings = Settings(store=str(tmp_path / "s"))
+    store = open_store(settings)
+    ingest(store, a, "jsonl")
+    consolidate(store, settings)
+    ingest(store, b, "jsonl")
+    real = Store.upsert
+
+    def crashing(self: Store, name: str, data: Any) -> int:
+        if name == "watermarks":
+            raise RuntimeError("killed before the watermarks")
+        return real(self, name, data)
+
+    monkeypatch.setattr(Store, "upsert", crashing)
+    with pytest.raises(RuntimeError):
+        consolidate(store, settings)
+    monkeypatch.setattr(Store, "upsert", real)
+    consolidate(store, settings)
+    assert graph(store) == graph(stores["two"])
+
+
+def test_rebuild_restores_a_missing_graph(stores: dict[str, Store], tmp_path: Path) -> None:
+    """A store with memories but no graph (older than this stage) gets it back with --rebuild-graph."""
+    shutil.copytree(stores["one"].uri, tmp_path / "old")
+    settings = Settings(store=str(tmp_path / "old"))
+    store = open_store(settings)
+    for user in store.users():
+        from memory.store import user_filter
+
+        store.delete("graph_nodes", user_filter(user))
+        store.delete("graph_edges", user_filter(user))
+    assert store.read("graph_nodes").num_rows == 0
+    consolidate(store, settings.with_overrides(rebuild_graph=False))  # no new sessions: nothing to do
+    assert store.read("graph_nodes").num_rows == 0
+    consolidate(store, settings.with_overrides(rebuild_graph=True))
+    assert graph(store) == graph(stores["one"])
