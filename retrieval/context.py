@@ -53,14 +53,15 @@ def is_profile(item: Any) -> bool:
     return getattr(item, "kind", None) == "summary" and getattr(item, "key", None) == PROFILE_KEY
 
 
-def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "Memories (oldest first):") -> str:
+def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "Memories (oldest first):",
+                  profile: Any = None) -> str:
     """The items that fit in `max_tokens` (rank order), printed chronologically, after the user's
     profile when the result carries one."""
     items = list(items)
-    profile = next((it for it in items if is_profile(it)), None)
+    profile = profile or next((it for it in items if is_profile(it)), None)
     head = []
     if profile is not None:
-        items = [it for it in items if it is not profile]
+        items = [it for it in items if not is_profile(it)]
         text = f"User profile ({profile.date or 'undated'}):\n{(profile.text or '').strip()}"
         if approx_tokens(text) < max_tokens // 2:  # the profile never crowds out the memories
             head = [text, ""]

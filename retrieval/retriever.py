@@ -21,7 +21,7 @@ from memory.settings import Settings
 from memory.store import Store
 from retrieval.index import IndexCache, UserIndex
 from retrieval.settings import RetrievalSettings
-from retrieval.strategies import STRATEGIES, Query
+from retrieval.strategies import STRATEGIES, Query, profile_row
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ class RetrievalResult:
     items: list[RetrievedItem] = field(default_factory=list)
     route: str | None = None
     signals: dict[str, Any] = field(default_factory=dict)
+    #: the user's MemWeaver global profile, when consolidation wrote one (context, not ranked evidence)
+    profile: RetrievedItem | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -71,11 +73,12 @@ class RetrievalResult:
         """Prompt-ready memory text: chronological, dated, within `max_tokens` (see context.py)."""
         from retrieval.context import build_context
 
-        return build_context(self.items, max_tokens=max_tokens)
+        return build_context(self.items, max_tokens=max_tokens, profile=self.profile)
 
     def to_dict(self) -> dict[str, Any]:
         return {"user_id": self.user_id, "query": self.query, "strategy": self.strategy, "k": self.k,
-                "route": self.route, "signals": self.signals, "items": [it.to_dict() for it in self.items]}
+                "route": self.route, "signals": self.signals, "items": [it.to_dict() for it in self.items],
+                "profile": self.profile.to_dict() if self.profile else None}
 
 
 class Retriever:
@@ -168,12 +171,10 @@ class Retriever:
         if do_rerank:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings)
         result.route = route
-        result.items = [
-            RetrievedItem(id=r["id"], kind=r["kind"], text=r["text"] or "", score=round(float(sc), 6),
-                          date=r["date"], source_ids=list(r["source_ids"] or []), key=r["key"],
-                          ts=r["ts"].isoformat() if r["ts"] is not None else None)
-            for r, sc in zip(index.rows(rows), scores.tolist())
-        ]
+        result.items = [_item(r, sc) for r, sc in zip(index.rows(rows), scores.tolist())]
+        p = index.memo("profile-row", lambda: profile_row(index))
+        if p is not None:
+            result.profile = _item(index.rows(np.asarray([p], dtype=np.int64))[0], 0.0)
         timings["retrieve_ms"] = (time.perf_counter() - start) * 1000
         result.signals = {"memories": index.size, **q.signals, "timings": _round(timings)}
         return result
@@ -234,6 +235,12 @@ class Retriever:
         """The original turns ("speaker: text") of message ids of one user (for citation prompts)."""
         turns = self.user_index(user_id).turns()
         return {m: turns[m] for m in message_ids if m in turns}
+
+
+def _item(r: dict[str, Any], score: float) -> RetrievedItem:
+    return RetrievedItem(id=r["id"], kind=r["kind"], text=r["text"] or "", score=round(float(score), 6),
+                         date=r["date"], source_ids=list(r["source_ids"] or []), key=r["key"],
+                         ts=r["ts"].isoformat() if r["ts"] is not None else None)
 
 
 def _round(timings: dict[str, float]) -> dict[str, float]:

@@ -195,26 +195,10 @@ STRATEGIES.update({
 })
 
 
-def _profile_row(index: UserIndex) -> int | None:
+def profile_row(index: UserIndex) -> int | None:
+    """Row of the user's MemWeaver profile in the index, if it has one."""
     from retrieval.context import PROFILE_KEY
 
     hits = np.flatnonzero((index.kinds == "summary") & (np.asarray(
         index.meta.column("key").to_pylist(), dtype=object) == PROFILE_KEY))
     return int(hits[0]) if hits.size else None
-
-
-def _pin_profile(fn: Callable[[Query], Result]) -> Callable[[Query], Result]:
-    """Append the user's MemWeaver profile (when it has one) after the k ranked items, as context:
-    `res.context()` prints it first; it is not evidence (benchmarks skip it)."""
-    def run(q: Query) -> Result:
-        rows, scores, route = fn(q)
-        p = q.index.memo("profile-row", lambda: _profile_row(q.index))
-        if p is None or p in set(rows.tolist()):
-            return rows, scores, route
-        return (np.append(rows, p).astype(np.int64), np.append(scores, np.float32(0.0)).astype(np.float32), route)
-    run.__wrapped__ = fn  # type: ignore[attr-defined]
-    return run
-
-
-for _name, _fn in list(STRATEGIES.items()):
-    STRATEGIES[_name] = _pin_profile(_fn)

@@ -137,6 +137,8 @@ def test_summaries_are_retrievable_and_profile_leads_the_context(stores: tuple[S
     res = r.retrieve(user, "what does this person like?", k=3, kinds=["summary"])
     assert res.items and all(it.kind == "summary" and it.source_ids for it in res.items)
     res = r.retrieve(user, "what does this person like?", k=5)
+    assert len(res.items) <= 5 and res.profile is not None and res.profile.key == PROFILE_KEY
+    assert res.to_dict()["profile"]["id"] == res.profile.id
     ctx = res.context()
     assert ctx.startswith("User profile (")
     prof, _ = read_profile(one, user)
