@@ -28,7 +28,7 @@ def bench_consolidate(path: str, fmt: str = "locomo", *, store: str | None = Non
     embedder = embedder_for(settings)
     embedder.embed(["warm up"])
     load_s = time.perf_counter() - t0
-    embedder.seconds, embedder.texts = 0.0, 0
+    embedder.seconds, embedder.texts, embedder.recorded = 0.0, 0, []
 
     st = open_store(settings)
     start = time.perf_counter()
@@ -38,9 +38,7 @@ def bench_consolidate(path: str, fmt: str = "locomo", *, store: str | None = Non
     wall = time.perf_counter() - start
     run_embed_s, n_texts = embedder.seconds, embedder.texts
 
-    texts = [r["speaker"] + ": " + r["text"] for r in st.read("messages", columns=["speaker", "text"]).to_pylist()]
-    texts += st.read("fragments", columns=["text"]).column("text").to_pylist()
-    texts += st.read("insights", columns=["text"]).column("text").to_pylist()
+    texts, embedder.recorded = embedder.recorded or [], None
     t1 = time.perf_counter()
     embedder.embed(texts)
     alone_s = time.perf_counter() - t1
