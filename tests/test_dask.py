@@ -20,23 +20,6 @@ SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample.jsonl"
 ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
 
 
-@pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    """One temporary Prefect server (SQLite) for the session; reused if another file started one."""
-    import prefect.settings
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.testing.utilities import prefect_test_harness
-
-    running = SubprocessASGIServer._instances.get(None)
-    if running is not None and prefect.settings.PREFECT_API_URL.value() == running.api_url:
-        yield
-        return
-    # no telemetry from the test server (it would try the network)
-    with prefect.settings.temporary_settings(updates={prefect.settings.PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-        with prefect_test_harness(server_startup_timeout=60):
-            yield
-
-
 def _snapshot(store: Store) -> dict[str, Any]:
     snap: dict[str, Any] = {}
     for name in store.table_names():

@@ -2,15 +2,11 @@
 HTTP on a real uvicorn server."""
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from memory.embed import Embedder, get_embedder
 from memory.store import Store
@@ -69,28 +65,10 @@ def test_invalid_feedback_is_refused(retriever: Retriever, shown: list[str], cit
     assert read_feedback(retriever.store).num_rows == before
 
 
-def _serve(app: object) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
 @pytest.fixture(scope="module")
-def client(retriever: Retriever) -> Iterator[httpx.Client]:
-    for url in _serve(create_app(retriever)):
-        with httpx.Client(base_url=url, timeout=30) as c:
-            yield c
+def client(retriever: Retriever, serve_app: Callable[[Any], ContextManager[str]]) -> Iterator[httpx.Client]:
+    with serve_app(create_app(retriever)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        yield c
 
 
 def test_feedback_endpoint(client: httpx.Client) -> None:

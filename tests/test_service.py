@@ -1,15 +1,11 @@
 """The HTTP service on a real uvicorn server on loopback, called with httpx."""
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from memory.embed import Embedder, get_embedder
 from memory.store import Store
@@ -37,27 +33,11 @@ def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store
     return st
 
 
-def _serve(app: object) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
 @pytest.fixture(scope="module")
-def url(store: Store, embedder: Embedder) -> Iterator[str]:
+def url(store: Store, embedder: Embedder, serve_app: Callable[[Any], ContextManager[str]]) -> Iterator[str]:
     r = Retriever(store, RetrievalSettings(api_key=KEY, max_query_chars=200), embedder=embedder)
-    yield from _serve(create_app(r))
+    with serve_app(create_app(r)) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
