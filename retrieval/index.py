@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -102,40 +103,68 @@ def _memory_meta(t: pa.Table, kind: str) -> pa.Table:
                      "ts": t.column("session_ts")}, schema=META)
 
 
-def load_user(store: Store, user_id: str) -> UserIndex:
-    """Read one user's embedded memories of every kind (one scoped read per table)."""
+_META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts"],
+              "memory": ["id", "text", "key", "date", "source_ids", "session_ts"]}
+
+
+def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None = None) -> UserIndex:
+    """Read one user's embedded memories of every kind (two scoped reads per table).
+
+    Metadata is read first; with `lexical=(k1, b)` the BM25 index is built in a thread (Polars and
+    LanceDB release the GIL) while the vectors are read, which is most of a cold query's cost.
+    """
     start = time.perf_counter()
     user_id = validate_user_id(user_id)
-    metas, vecs = [], []
+    metas, tables = [], []
     messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
                          "text": pa.array([], pa.string())})
     for kind, table in schemas.MEMORY_TABLES.items():
-        if kind == "message":
-            cols = ["id", "message_id", "speaker", "text", "ts", "vector"]
-        else:
-            cols = ["id", "text", "key", "date", "source_ids", "session_ts", "vector"]
-        t = store.read(table, user_id, columns=cols)
+        cols = _META_COLS["message" if kind == "message" else "memory"]
+        t = store.read(table, user_id, columns=cols + ["vector"]) if kind == "message" else \
+            store.read(table, user_id, columns=cols)
         if kind == "message" and t.num_rows:
             messages = t.select(["message_id", "speaker", "text"])
-        t = t.filter(pc.is_valid(t.column("vector"))) if t.num_rows else t
+            t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
         if t.num_rows == 0:
             continue
         metas.append(_message_meta(t) if kind == "message" else _memory_meta(t, kind))
-        vecs.append(_vectors(t.column("vector"), store.dim))
+        tables.append((table, t))
     meta = pa.concat_tables(metas).combine_chunks() if metas else META.empty_table()
+    future = _build_lexical(meta, lexical) if lexical and meta.num_rows else None
+    vecs = []
+    for table, t in tables:
+        if table == schemas.MEMORY_TABLES["message"]:
+            vecs.append(_vectors(t.column("vector"), store.dim))
+            continue
+        v = store.read(table, user_id, columns=["id", "vector"])
+        order = pc.index_in(t.column("id"), value_set=v.column("id").combine_chunks())
+        vecs.append(_vectors(v.column("vector").take(order), store.dim))
     z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
     kinds = np.asarray(meta.column("kind").to_numpy(zero_copy_only=False), dtype=str) if meta.num_rows \
         else np.zeros(0, dtype=str)
-    ms = (time.perf_counter() - start) * 1000
-    log.debug("loaded %d memories of user %s in %.1f ms", len(kinds), user_id, ms)
-    return UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, load_ms=ms, store=store)
+    idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store)
+    if future is not None:
+        idx._lexical = future.result()
+    idx.load_ms = (time.perf_counter() - start) * 1000
+    log.debug("loaded %d memories of user %s in %.1f ms", len(kinds), user_id, idx.load_ms)
+    return idx
+
+
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mnemo-bm25")
+
+
+def _build_lexical(meta: pa.Table, params: tuple[float, float]) -> Future[BM25Index]:
+    k1, b = params
+    return _POOL.submit(BM25Index, meta.column("text"), k1=k1, b=b)
 
 
 class IndexCache:
     """Per-user indexes, LRU-bounded, valid while the memory tables keep their versions."""
 
-    def __init__(self, store: Store, refresh_ms: int = 500, max_users: int = 256) -> None:
+    def __init__(self, store: Store, refresh_ms: int = 500, max_users: int = 256,
+                 lexical: tuple[float, float] | None = None) -> None:
         self.store = store
+        self.lexical = lexical  # (k1, b): build each user's BM25 index while its vectors load
         self.refresh_s = refresh_ms / 1000.0
         self.max_users = max_users
         self._users: OrderedDict[str, UserIndex] = OrderedDict()
@@ -179,7 +208,7 @@ class IndexCache:
             if idx is not None:
                 self._users.move_to_end(user_id)
                 return idx
-        idx = load_user(self.store, user_id)
+        idx = load_user(self.store, user_id, lexical=self.lexical)
         with self._lock:
             self._users[user_id] = idx
             while len(self._users) > self.max_users:

@@ -90,7 +90,9 @@ class Retriever:
         self.settings = settings or RetrievalSettings()
         self._embedder = embedder
         self._mnemo = mnemo_settings
-        self.cache = IndexCache(store, self.settings.refresh_ms)
+        s = self.settings
+        self.cache = IndexCache(store, s.refresh_ms,
+                                lexical=(s.bm25_k1, s.bm25_b) if s.lexical_weight > 0 else None)
         self._rmm: dict[str, Any] = {}
         self._rmm_lock = threading.Lock()
         if self.settings.default_strategy not in STRATEGIES:
