@@ -112,7 +112,8 @@ def consolidate(
 def stats(store: Store) -> dict[str, dict[str, dict[str, int]]]:
     """Counts per user per memory kind (nothing time-dependent), as `mnemo stats --json` prints."""
     tables = {"messages": "messages", "sessions": "sessions", "fragments": "fragments",
-              "insights": "insights", "clusters": "clusters", "links": "links"}
+              "insights": "insights", "clusters": "clusters", "links": "links", "summaries": "summaries",
+              "topics": "topics", "graph_nodes": "graph_nodes", "graph_edges": "graph_edges"}
     counts = {name: store.count_by_user(table) for name, table in tables.items()}
     users = sorted(set().union(*[set(c) for c in counts.values()]))
     return {"users": {u: {name: counts[name].get(u, 0) for name in tables} for u in users}}

@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -59,6 +59,20 @@ class TrainConfig:
     epochs: int = 1
     seed: int = 0
     optimizer: str = "sgd"          # eq. 3: Δφ = η (R − b) ∇ log P; "adam" is the alternative
+    samples: int = 0                # Gumbel top-M samples per query per step from the current policy over the
+                                    # top-K pool (0: the logged shown list only); unlogged items get R = b
+    rank: int = 0                   # W = U Vᵀ of this rank (0: full d×d)
+    l2: float = 0.0                 # pull of W (or U, V) toward 0: the adapters are residual
+    clip: float = 0.0               # clip each batch gradient's Frobenius norm to this (0: off)
+
+    @classmethod
+    def from_settings(cls, s: Any, **overrides: Any) -> "TrainConfig":
+        """The `rerank_*` fields of RetrievalSettings (non-None overrides win)."""
+        cfg = cls(lr=s.rerank_lr, batch_size=s.rerank_batch_size, temperature=s.rerank_temperature,
+                  baseline=s.rerank_baseline, top_k=s.rerank_top_k, top_m=s.rerank_top_m, epochs=s.rerank_epochs,
+                  optimizer=s.rerank_optimizer, samples=s.rerank_samples, rank=s.rerank_rank, l2=s.rerank_l2,
+                  clip=s.rerank_clip)
+        return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
 @dataclass
@@ -189,6 +203,32 @@ class Example:
     reward: np.ndarray
 
 
+def _pl_grad(model: Reranker, ex: Example, shown: Sequence[int], adv: np.ndarray,
+             cfg: TrainConfig) -> tuple[float, np.ndarray, np.ndarray]:
+    """−Σ_k adv_k log P(shown_k | shown_<k) under Plackett-Luce over softmax(s / τ) and its gradients."""
+    qp = ex.q + model.wq @ ex.q
+    mp = ex.m + ex.m @ model.wm.T
+    z = (mp @ qp + ex.prior) / cfg.temperature
+    remaining = np.ones(z.shape[0], dtype=bool)
+    g = np.zeros_like(z)
+    loss = 0.0
+    for pos, a in zip(shown, adv):
+        if a != 0.0:
+            zr = np.where(remaining, z, -np.inf)
+            top = zr.max()
+            p = np.exp(zr - top)
+            tot = p.sum()
+            p /= tot
+            loss -= a * (z[pos] - top - np.log(tot))
+            g += a * p                  # d(-a log p_pos)/dz = -a (onehot - p)
+            g[pos] -= a
+        remaining[pos] = False
+    g /= cfg.temperature                # dL/ds
+    g_wq = np.outer(mp.T @ g, ex.q)
+    g_wm = np.outer(qp, ex.m.T @ g)
+    return float(loss), g_wq, g_wm
+
+
 def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig,
                rng: np.random.Generator | None = None) -> tuple[float, np.ndarray, np.ndarray]:
     """REINFORCE loss and gradients for one logged query.
@@ -196,27 +236,22 @@ def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig,
     The shown items are the policy's sample without replacement, in order (Plackett-Luce over
     softmax(s / τ), which Gumbel-top-M sampling draws from), so
     log P(shown) = Σ_k z_{i_k} − log Σ_{j not yet shown} exp(z_j), z = s / τ, and each step is
-    weighted by its own item's advantage R − b."""
-    qp = ex.q + model.wq @ ex.q
-    mp = ex.m + ex.m @ model.wm.T
-    z = (mp @ qp + ex.prior) / cfg.temperature
+    weighted by its own item's advantage R − b.
+
+    With `cfg.samples` = S > 0 the lists are instead S fresh Gumbel top-M samples of the current
+    policy over the whole top-K pool (the paper's online sampling, replayed): a sampled item that was
+    shown keeps its logged reward, one never shown has no known reward and gets R = b (no push)."""
     adv = ex.reward - cfg.baseline
-    remaining = np.ones(z.shape[0], dtype=bool)
-    g = np.zeros_like(z)
-    loss = 0.0
-    for pos, a in zip(ex.shown, adv):
-        zr = np.where(remaining, z, -np.inf)
-        top = zr.max()
-        p = np.exp(zr - top)
-        p /= p.sum()
-        loss -= a * (z[pos] - top - np.log(np.exp(zr - top).sum()))
-        g += a * p                      # d(-a log p_pos)/dz = -a (onehot - p)
-        g[pos] -= a
-        remaining[pos] = False
-    g /= cfg.temperature                # dL/ds
-    g_wq = np.outer(mp.T @ g, ex.q)
-    g_wm = np.outer(qp, ex.m.T @ g)
-    return float(loss), g_wq, g_wm
+    if cfg.samples <= 0 or rng is None:
+        return _pl_grad(model, ex, ex.shown, adv, cfg)
+    known = np.zeros(ex.m.shape[0])
+    known[ex.shown] = adv
+    loss, gq, gm = 0.0, 0.0, 0.0
+    for _ in range(cfg.samples):
+        order, _ = model.sample(ex.q, ex.m, ex.prior, min(cfg.top_m, ex.m.shape[0]), rng, cfg.temperature)
+        l, a, b = _pl_grad(model, ex, order, known[order], cfg)
+        loss, gq, gm = loss + l / cfg.samples, gq + a / cfg.samples, gm + b / cfg.samples
+    return loss, np.asarray(gq), np.asarray(gm)
 
 
 def cited_in_top(model: Reranker, examples: Sequence[Example], top_m: int) -> float:
@@ -234,11 +269,30 @@ def cited_in_top(model: Reranker, examples: Sequence[Example], top_m: int) -> fl
 
 def train(examples: Sequence[Example], dim: int, init: Reranker | None = None,
           cfg: TrainConfig = TrainConfig()) -> tuple[Reranker, dict[str, Any]]:
-    """REINFORCE with Adam over the examples in batches; returns the new model and run metrics."""
+    """REINFORCE (SGD, eq. 3, or Adam) over the examples in batches; returns the new model and metrics.
+
+    With `cfg.rank` = r > 0 each adapter is trained as W = U Vᵀ (U, V: d×r; V starts at 0, U small
+    random, or the truncated SVD of `init`), 2·2·d·r parameters instead of 2·d²; the stored weights are
+    the products, so inference and storage do not change. `cfg.l2` adds λ‖·‖² on the trained
+    parameters, `cfg.clip` caps the batch gradient's norm."""
     model = Reranker(init.wq.copy(), init.wm.copy()) if init is not None else Reranker.identity(dim)
     rng = np.random.default_rng(cfg.seed)
     before = cited_in_top(model, examples, cfg.top_m)
-    state = {n: (np.zeros((dim, dim)), np.zeros((dim, dim))) for n in ("wq", "wm")}
+    params: dict[str, np.ndarray] = {}
+    if cfg.rank > 0:
+        for name in ("wq", "wm"):
+            w = getattr(model, name).astype(np.float64)
+            if np.any(w):
+                u, sv, vt = np.linalg.svd(w)
+                params[name + ".u"] = u[:, :cfg.rank] * np.sqrt(sv[:cfg.rank])
+                params[name + ".v"] = vt[:cfg.rank].T * np.sqrt(sv[:cfg.rank])
+            else:
+                params[name + ".u"] = rng.standard_normal((dim, cfg.rank)) / np.sqrt(dim)
+                params[name + ".v"] = np.zeros((dim, cfg.rank))
+            setattr(model, name, (params[name + ".u"] @ params[name + ".v"].T).astype(np.float32))
+    else:
+        params = {"wq": model.wq.astype(np.float64), "wm": model.wm.astype(np.float64)}
+    state = {n: (np.zeros_like(v), np.zeros_like(v)) for n, v in params.items()}
     b1, b2, eps, step = 0.9, 0.999, 1e-8, 0
     losses: list[float] = []
     start = time.perf_counter()
@@ -256,19 +310,33 @@ def train(examples: Sequence[Example], dim: int, init: Reranker | None = None,
                 bl += loss / len(batch)
             losses.append(bl)
             step += 1
-            if cfg.optimizer == "sgd":
-                model.wq -= (cfg.lr * gq).astype(np.float32)
-                model.wm -= (cfg.lr * gm).astype(np.float32)
-                continue
-            for name, grad in (("wq", gq), ("wm", gm)):
+            full = {"wq": gq, "wm": gm}
+            if cfg.rank > 0:        # dL/dU = G V, dL/dV = Gᵀ U
+                grads = {}
+                for name, g in full.items():
+                    grads[name + ".u"] = g @ params[name + ".v"]
+                    grads[name + ".v"] = g.T @ params[name + ".u"]
+            else:
+                grads = full
+            if cfg.l2 > 0:
+                grads = {n: g + 2 * cfg.l2 * params[n] for n, g in grads.items()}
+            if cfg.clip > 0:
+                norm = np.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+                if norm > cfg.clip:
+                    grads = {n: g * (cfg.clip / norm) for n, g in grads.items()}
+            for name, grad in grads.items():
+                if cfg.optimizer == "sgd":
+                    params[name] -= cfg.lr * grad
+                    continue
                 m1, m2 = state[name]
                 m1 *= b1
                 m1 += (1 - b1) * grad
                 m2 *= b2
                 m2 += (1 - b2) * grad * grad
-                upd = cfg.lr * (m1 / (1 - b1 ** step)) / (np.sqrt(m2 / (1 - b2 ** step)) + eps)
-                w = getattr(model, name)
-                w -= upd.astype(np.float32)
+                params[name] -= cfg.lr * (m1 / (1 - b1 ** step)) / (np.sqrt(m2 / (1 - b2 ** step)) + eps)
+            for name in ("wq", "wm"):
+                w = params[name] if cfg.rank <= 0 else params[name + ".u"] @ params[name + ".v"].T
+                setattr(model, name, w.astype(np.float32))
     rewards = np.concatenate([ex.reward for ex in examples]) if examples else np.zeros(0)
     metrics = {
         "examples": len(examples), "steps": step, "epochs": cfg.epochs, "config": asdict(cfg),
@@ -312,7 +380,8 @@ def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: 
         pos = {v: i for i, v in enumerate(ids)}
         extra = [s for s in r["shown_ids"] if s not in pos]
         if extra:
-            where = id_positions(retriever.user_index(user))
+            index = retriever.user_index(user)
+            where = id_positions(index)
             extra = [s for s in extra if s in where]
             if extra:
                 m = np.concatenate([m, index.z[[where[s] for s in extra]]])
@@ -345,12 +414,13 @@ class TrainReport:
                 f"{m.get('cited_in_top_m_after', 0):.3f}, {m.get('seconds')}s")
 
 
-def train_reranker(retriever: Any, *, scope: str = GLOBAL, cfg: TrainConfig = TrainConfig(),
+def train_reranker(retriever: Any, *, scope: str = GLOBAL, cfg: TrainConfig | None = None,
                    run_id: str = "", strategy: str | None = None) -> list[TrainReport]:
     """Train the next version of the global reranker (or of each user's, scope="user") from the
     feedback newer than the latest version; a scope with no new feedback is skipped."""
     from retrieval.feedback import read_feedback
 
+    cfg = cfg or TrainConfig.from_settings(retriever.settings)
     store = retriever.store
     reports = []
     if scope == GLOBAL:

@@ -80,6 +80,19 @@ class RetrievalSettings(BaseSettings):
     rerank_seed: int | None = Field(None, description="seed of the exploration noise (benchmarks)")
     rerank_scope: Literal["global", "user"] = Field("global", description="use the user's own version "
                                                    "when `user` (falling back to the global one)")
+    # training (retrieval.rerank.TrainConfig; Appendix A.1 values by default)
+    rerank_lr: float = Field(1e-3, gt=0, description="policy-gradient learning rate η (A.1: 1e-3)")
+    rerank_batch_size: int = Field(4, ge=1, description="feedback rows per update (A.1: 4)")
+    rerank_temperature: float = Field(0.5, gt=0, description="Gumbel / softmax temperature τ (A.1: 0.5)")
+    rerank_baseline: float = Field(0.5, description="REINFORCE baseline b (A.1: 0.5)")
+    rerank_optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd: eq. 3 as written; adam "
+                                                     "diverges at η = 1e-3 on LoCoMo (-0.3 Recall@5)")
+    rerank_epochs: int = Field(1, ge=1, description="passes over the new feedback per train run")
+    rerank_samples: int = Field(0, ge=0, description="fresh Gumbel top-M samples per query per step over "
+                                "the top-K pool (0: the logged shown list only)")
+    rerank_rank: int = Field(0, ge=0, description="train W = U Vᵀ of this rank (0: full d×d)")
+    rerank_l2: float = Field(0.0, ge=0, description="L2 pull of the residual adapters toward 0")
+    rerank_clip: float = Field(0.0, ge=0, description="clip the batch gradient norm (0: off)")
 
     # caching and service
     refresh_ms: int = Field(500, ge=0, description="check table versions at most this often")

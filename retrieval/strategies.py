@@ -10,6 +10,7 @@
 | rfmem-hybrid | rfmem whose both paths rank by the fused scores with kind weights |
 | calibrated | rfmem-hybrid with θ_high, θ_low, τ calibrated on this user's score distribution |
 | walk | MemWeaver's context-aware random walk (Eq. 2) over the user's graph, seeded by familiarity |
+| hybrid-walk | the walk seeded by the hybrid (dense + BM25 + kind weights) top hits, walked nodes fused as a bonus |
 | rfmem-walk | rfmem whose recollection route is the walk (the paper's graph-based alternative) |
 | rfmem-hybrid-walk | rfmem-hybrid whose recollection route is the walk |
 
@@ -190,6 +191,7 @@ def _walk(gate: bool, fused: bool) -> Callable[[Query], Result]:
 #: MemWeaver's context-aware random walk, alone and as RF-Mem's recollection expansion
 STRATEGIES.update({
     "walk": _walk(gate=False, fused=False),
+    "hybrid-walk": _walk(gate=False, fused=True),
     "rfmem-walk": _walk(gate=True, fused=False),
     "rfmem-hybrid-walk": _walk(gate=True, fused=True),
 })

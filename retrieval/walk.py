@@ -52,7 +52,9 @@ class WalkParams:
     lam1: float = 0.01     # per day: recency of v relative to the query
     lam2: float = 0.02     # per day: continuity between u and v
     steps: int = 10
-    seeds: int = 3
+    seeds: int = 3         # ours: walks start from this many best-ranked graph nodes
+    walks: int = 1         # ours: walks per seed
+    restart: float = 0.0   # ours: probability of jumping back to the seed before each step
 
 
 PARAMS = WalkParams()
@@ -139,6 +141,9 @@ class Walked:
     nodes: list[int]
     visits: dict[int, int]
     steps: int
+    #: per visited non-seed node, the largest Eq. 2 score S(u→v) of a step that reached it
+    reach: dict[int, float] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
 
 
 def node_weights(graph: Graph, sims: np.ndarray, params: WalkParams | None = None,
@@ -168,9 +173,10 @@ def transitions(graph: Graph, u: int, base: np.ndarray, params: WalkParams | Non
 
 def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Generator,
          params: WalkParams | None = None, now_days: float | None = None) -> Walked:
-    """Eq. 2 walks of `params.steps` steps from each seed node.
+    """Eq. 2 walks of `params.steps` steps, `params.walks` per seed node.
 
     `sims[i]` = cos(q, node i). Returns unique visited nodes (seeds included) in first-visit order.
+    With `params.restart` > 0 each step first returns to the seed with that probability.
     """
     params = params or PARAMS
     if graph.size == 0 or not seeds:
@@ -178,22 +184,41 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
     base = node_weights(graph, sims, params, now_days)
     order: list[int] = []
     visits: dict[int, int] = {}
+    reach: dict[int, float] = {}
+    cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    seed_set = set(seeds)
     taken = 0
+
+    def step_from(u: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(neighbours, P(u→v), S(u→v)) of u, computed once per walk."""
+        if u not in cache:
+            nb, gap = graph.neighbours(u)
+            w = base[nb] * np.exp(-params.lam2 * gap) if nb.size else np.zeros(0)
+            total = float(w.sum())
+            cache[u] = (nb, w / total, w) if total > 0.0 else (np.zeros(0, np.int64), w, w)
+        return cache[u]
+
     for seed in seeds:
-        u = seed
-        if u not in visits:
-            order.append(u)
-        visits[u] = visits.get(u, 0) + 1
-        for _ in range(params.steps):
-            nb, p = transitions(graph, u, base, params)
-            if nb.size == 0:
-                break
-            u = int(nb[int(rng.choice(nb.size, p=p))])
-            taken += 1
+        for _ in range(params.walks):
+            u = seed
             if u not in visits:
                 order.append(u)
             visits[u] = visits.get(u, 0) + 1
-    return Walked(order, visits, taken)
+            for _ in range(params.steps):
+                if params.restart > 0.0 and u != seed and rng.random() < params.restart:
+                    u = seed
+                nb, p, s = step_from(u)
+                if nb.size == 0:
+                    break
+                j = int(rng.choice(nb.size, p=p))
+                u = int(nb[j])
+                taken += 1
+                if u not in visits:
+                    order.append(u)
+                visits[u] = visits.get(u, 0) + 1
+                if u not in seed_set:
+                    reach[u] = max(reach.get(u, 0.0), float(s[j]))
+    return Walked(order, visits, taken, reach, list(seeds))
 
 
 def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_scores: np.ndarray,
@@ -206,18 +231,19 @@ def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_sco
 
 
 # -- strategies -------------------------------------------------------------------------------------
-#: score a walked node gains at the most visits (see `expand`); chosen on the LoCoMo dev split
-#: among 0.03, 0.05 and 0.1 (0.1 and 0.05 lose Recall@10 to plain familiarity)
-VISIT_BONUS = 0.03
+#: how walked nodes join the ranking (see `expand`): `by` = "visits" (bonus × visits / most visits,
+#: seeds included) or "reach" (non-seed nodes only: bonus × their best Eq. 2 score S(u→v) / the best
+#: of any node), `bonus` = the score the top node gains. Per strategy family (plain cosine or fused).
+MERGE = {"plain": {"by": "visits", "bonus": 0.03}, "fused": {"by": "visits", "bonus": 0.03}}
 
 
-def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray,
-           params: WalkParams | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams | None = None,
+           by: str = "visits", bonus: float = 0.03) -> tuple[np.ndarray, np.ndarray] | None:
     """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
 
-    Candidates are the familiarity top hits plus every node the walks visited; a visited node's score
-    is its familiarity score plus `VISIT_BONUS` × (its visits / the most visits of any node), so the
-    nodes the walks keep returning to climb over one-off familiarity hits.
+    Walks start from the graph nodes best by `ranked` (the score of each row of `rows`). Every row
+    keeps its `ranked` score; a walked node gains up to `bonus` (see `MERGE`), so the nodes the walks
+    keep reaching climb over one-off hits.
     """
     index = q.index
     graph = graph_for(index)
@@ -229,11 +255,17 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray,
     q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes))
     pos = {int(r): i for i, r in enumerate(rows.tolist())}
     score = np.asarray(ranked, dtype=np.float64).copy()
-    top = max(walked.visits.values(), default=1)
-    for node, n in walked.visits.items():
+    if by == "visits":
+        gain: dict[int, float] = dict(walked.visits)
+    elif by == "walked":
+        gain = {n: c for n, c in walked.visits.items() if n not in set(walked.seeds)}
+    else:
+        gain = walked.reach
+    top = max(gain.values(), default=1.0) or 1.0
+    for node, g in gain.items():
         i = pos.get(int(graph.rows[node]))
         if i is not None:
-            score[i] += VISIT_BONUS * n / top
+            score[i] += bonus * g / top
     from retrieval.rfmem import top_k
 
     order = top_k(score, max(q.k * 4, q.k))
@@ -241,8 +273,9 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray,
 
 
 def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """`walk` (always walk), `rfmem-walk` / `rfmem-hybrid-walk` (RF-Mem's gate; its recollection
-    route is the walk instead of Algorithm 3). Users without a graph get RF-Mem's recollection."""
+    """`walk` / `hybrid-walk` (always walk, from the cosine or the fused ranking), `rfmem-walk` /
+    `rfmem-hybrid-walk` (RF-Mem's gate; its recollection route is the walk instead of Algorithm 3).
+    Users without a graph get RF-Mem's recollection."""
     from retrieval import rfmem
     from retrieval.strategies import _novel, _rfmem, _subset, _thresholds
 
@@ -261,7 +294,7 @@ def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, n
     if route == rfmem.FAMILIARITY:
         return _rfmem(q, route=rfmem.FAMILIARITY, fused=fused)
     ranked = probe + q.prior(rows, probe) if fused else probe
-    out = expand(q, rows, ranked)
+    out = expand(q, rows, ranked, **MERGE["fused" if fused else "plain"])
     if out is None:
         return _rfmem(q, route=rfmem.RECOLLECTION, fused=fused)
     idx, sc = out

@@ -58,6 +58,20 @@ def test_walk_is_deterministic_per_query_and_unique() -> None:
     assert walk(g, sims, [], _rng("u", q)).nodes == []
 
 
+def test_walk_reach_is_the_best_eq_2_score_and_restarts_stay_deterministic() -> None:
+    g, p = _graph(), WalkParams(walks=3, restart=0.5)
+    sims = np.array([0.9, 0.5, 0.8, 0.3, 0.6])
+    q = np.ones(8, np.float32)
+    a = walk(g, sims, [0], _rng("u", q), p)
+    assert a.nodes == walk(g, sims, [0], _rng("u", q), p).nodes
+    assert a.steps == 30 and sum(a.visits.values()) == 33 and 0 not in a.reach
+    base = node_weights(g, sims, p)
+    for v, s in a.reach.items():  # S(u→v) of some u that has v as a neighbour
+        best = max(base[v] * np.exp(-0.02 * abs(g.days[v] - g.days[u])) for u in range(5)
+                   if v in transitions(g, u, base, p)[0].tolist())
+        assert 0 < s <= best + 1e-12
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = Settings(store=str(tmp_path_factory.mktemp("walk") / "store"))
@@ -67,7 +81,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return st
 
 
-@pytest.mark.parametrize("strategy", ["walk", "rfmem-walk", "rfmem-hybrid-walk"])
+@pytest.mark.parametrize("strategy", ["walk", "hybrid-walk", "rfmem-walk", "rfmem-hybrid-walk"])
 def test_walk_strategies_on_a_store(store: Store, strategy: str) -> None:
     from retrieval import RetrievalSettings, Retriever
     from retrieval.context import is_profile
@@ -79,7 +93,7 @@ def test_walk_strategies_on_a_store(store: Store, strategy: str) -> None:
     assert 0 < len(ranked) <= 5 and len({it.id for it in ranked}) == len(ranked)
     again = r.retrieve(user, "what did they do on the weekend?", k=5, strategy=strategy)
     assert [it.id for it in again.items] == [it.id for it in res.items]
-    if strategy == "walk":
+    if strategy in ("walk", "hybrid-walk"):
         assert res.route == "recollection" and res.signals["walk_visited"] >= 1
         assert res.signals["walk_steps"] > 0
 
