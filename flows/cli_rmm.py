@@ -14,7 +14,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     def train_reranker_cmd(
         ctx: typer.Context,
         scope: str = typer.Option("global", "--scope", help="global | user (one version per user with feedback)"),
-        epochs: int = typer.Option(1, "--epochs", help="passes over the new feedback"),
+        epochs: Optional[int] = typer.Option(None, "--epochs", help="passes over the new feedback "
+                                             "[default: settings rerank_epochs]"),
     ) -> None:
         """Train the next reranker version from the feedback newer than the last one (the flow's
         `train` task, alone)."""
@@ -24,7 +25,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
 
         settings = ctx.obj["settings"]
         r = Retriever.open(settings.store, mnemo_settings=settings)
-        for rep in train_reranker(r, scope=scope, cfg=TrainConfig(epochs=epochs), run_id=new_run_id("train")):
+        cfg = TrainConfig.from_settings(r.settings, epochs=epochs)
+        for rep in train_reranker(r, scope=scope, cfg=cfg, run_id=new_run_id("train")):
             typer.echo(rep.summary())
 
     @bench_app.command("rerank")
@@ -33,7 +35,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
         strategy: Optional[str] = typer.Option(None, "--strategy", help="base strategy [default: the default]"),
         scope: str = typer.Option("global", "--scope", help="global | user"),
-        epochs: int = typer.Option(1, "--epochs", help="passes over the feedback"),
+        epochs: Optional[int] = typer.Option(None, "--epochs", help="passes over the feedback "
+                                             "[default: settings rerank_epochs]"),
         reset: bool = typer.Option(False, "--reset", help="drop the store's feedback and rerankers first"),
         explore: bool = typer.Option(True, "--explore/--no-explore",
                                      help="simulated feedback on Gumbel-sampled (paper) or deterministic top-5"),

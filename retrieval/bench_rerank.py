@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 import tempfile
 import time
 from pathlib import Path
@@ -86,7 +87,7 @@ def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
     return float(np.median(times))
 
 
-def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = None, epochs: int = 1,
+def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = None, epochs: int | None = None,
                  scope: str = GLOBAL, reset: bool = False, explore: bool = True,
                  settings: RetrievalSettings | None = None) -> str:
     tmp = None
@@ -108,16 +109,18 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
         vecs = r.embed([q["question"] for q in questions])
         train_idx, test_idx = split(questions)
         name = strategy or base.default_strategy
+        cfg = TrainConfig.from_settings(base, epochs=epochs)
+        epochs = cfg.epochs
         lines = [f"LoCoMo {Path(path).name}: {len(questions)} questions (categories 1-4), "
                  f"train {len(train_idx)} / test {len(test_idx)} (alternating per conversation), "
                  f"strategy {name}, reranker scope {scope}, epochs {epochs}, "
-                 f"feedback from {'Gumbel-sampled (explore)' if explore else 'deterministic'} top-5"]
+                 f"feedback from {'Gumbel-sampled (explore)' if explore else 'deterministic'} top-5",
+                 "train config: " + ", ".join(f"{k}={v}" for k, v in asdict(cfg).items())]
 
         t0 = time.perf_counter()
         collector = Retriever(st, r.settings.with_overrides(rerank_explore=True, rerank_seed=0),
                               embedder=r.embedder) if explore else r
         fb = simulate_feedback(collector, questions, vecs, train_idx, 5, name, explore)
-        cfg = TrainConfig(epochs=epochs)
         reports = train_reranker(r, scope=scope, cfg=cfg, strategy=name)
         lines.append(f"feedback: {fb['posted']} queries posted, {fb['cited_share']:.3f} of shown items cited; "
                      f"training {time.perf_counter() - t0:.1f}s")

@@ -127,3 +127,26 @@ def test_train_stage_skips_then_trains_incrementally(retriever: Retriever) -> No
     per_user = train_reranker(retriever, scope="user", strategy="familiarity")
     assert sorted((r.scope, r.version) for r in per_user) == [("user:alice", 1), ("user:bob", 1)]
     assert per_user[0].metrics["from_version"] == 2                      # started from the global one
+
+
+def test_low_rank_l2_clip_and_resampling_train_and_stay_finite() -> None:
+    rng = np.random.default_rng(0)
+    examples = [_example(rng) for _ in range(200)]
+    model, metrics = train(examples, DIM, cfg=TrainConfig(epochs=5, top_m=2, lr=0.05, rank=2, l2=1e-3, clip=5.0))
+    assert np.linalg.matrix_rank(model.wq, tol=1e-5) <= 2 and np.linalg.matrix_rank(model.wm, tol=1e-5) <= 2
+    assert np.isfinite(model.wq).all() and metrics["config"]["rank"] == 2
+    sampled, m2 = train(examples, DIM, cfg=TrainConfig(epochs=5, top_m=2, lr=0.05, samples=2))
+    assert m2["cited_in_top_m_after"] > m2["cited_in_top_m_before"]
+    # a large L2 pull keeps the residual adapters near 0
+    pulled, _ = train(examples, DIM, cfg=TrainConfig(epochs=5, top_m=2, lr=0.05, l2=5.0))
+    free, _ = train(examples, DIM, cfg=TrainConfig(epochs=5, top_m=2, lr=0.05))
+    assert np.linalg.norm(pulled.wq) < np.linalg.norm(free.wq)
+
+
+def test_train_config_from_settings_keeps_paper_defaults() -> None:
+    cfg = TrainConfig.from_settings(RetrievalSettings())
+    assert (cfg.lr, cfg.batch_size, cfg.temperature, cfg.baseline, cfg.top_k, cfg.top_m) == (1e-3, 4, 0.5, 0.5, 20, 5)
+    assert (cfg.epochs, cfg.samples, cfg.rank, cfg.l2) == (1, 0, 0, 0.0)
+    cfg = TrainConfig.from_settings(RetrievalSettings(rerank_epochs=40, rerank_l2=0.05), epochs=None)
+    assert (cfg.epochs, cfg.l2) == (40, 0.05)
+    assert TrainConfig.from_settings(RetrievalSettings(), epochs=3).epochs == 3
