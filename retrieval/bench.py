@@ -167,10 +167,11 @@ def bench_locomo(path: str, *, extraction: str = "rules", strategies: Sequence[s
         for q, v in zip(questions[:20], vecs):  # warm every user's cache before timing
             r.retrieve(q["user"], v, k=max(ks), strategy="calibrated", text=q["question"])
         rows = [evaluate(r, questions, vecs, name, ks) for name in names]
-        counts = {kind: sum(st.count_by_user(t).values()) for kind, t in
-                  (("messages", "messages"), ("fragments", "fragments"), ("insights", "insights"))}
+        counts = {t: sum(st.count_by_user(t).values())
+                  for t in ("messages", "fragments", "insights", "topics", "summaries")}
         header = (f"LoCoMo {Path(path).name}, extraction={extraction}, {len(questions)} questions "
-                  f"(categories 1-4), memory {counts}, default strategy {r.settings.default_strategy}\n"
+                  f"(categories 1-4), memory {counts}, searched kinds {','.join(r.settings.kinds)}, "
+                  f"default strategy {r.settings.default_strategy}\n"
                   f"categories: " + ", ".join(f"{c}={n}" for c, n in CATEGORIES.items()) +
                   "; dense = top-K over raw turns (baseline); recollection = share of queries routed there\n"
                   + memweaver_cost(REPORTS.get(store)) + "\n")

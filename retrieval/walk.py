@@ -16,8 +16,11 @@ walk would never leave a session; in years they would be constant. The query tim
 latest memory (the retriever has no clock of the question; in a live assistant the two are close).
 
 Deterministic: the random generator is seeded by a hash of the user id and the query vector, so
-the same query gives the same walk. One walk starts from each of the `seeds` best familiarity hits
-that are graph nodes (fragments and insights; raw messages are not nodes).
+the same query gives the same walk. `walks` walks (default 1) start from each of the `seeds` (3)
+best-ranked graph nodes (fragments and insights; raw messages and topics are not nodes): the cosine
+ranking for `walk`, the hybrid one (dense + BM25 + kind weights) for `hybrid-walk`. Seeds, walks per
+seed, the restart probability and how walked nodes join the ranking (`MERGE`) are ours; Eq. 2 and
+its α, λ1, λ2 and 10 steps are the paper's.
 
 The graph (stored by `memory.weave`: cluster membership in `graph_nodes`, temporal edges in
 `graph_edges`) is loaded once per user index and cached with it.
@@ -231,19 +234,23 @@ def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_sco
 
 
 # -- strategies -------------------------------------------------------------------------------------
-#: how walked nodes join the ranking (see `expand`): `by` = "visits" (bonus × visits / most visits,
-#: seeds included) or "reach" (non-seed nodes only: bonus × their best Eq. 2 score S(u→v) / the best
-#: of any node), `bonus` = the score the top node gains. Per strategy family (plain cosine or fused).
-MERGE = {"plain": {"by": "visits", "bonus": 0.03}, "fused": {"by": "visits", "bonus": 0.03}}
+#: how walked nodes join the ranking (see `expand`): `by` = "walked" (non-seed nodes: bonus × visits /
+#: the most visits of any of them), "visits" (the same, seeds included) or "reach" (non-seed nodes:
+#: bonus × their best Eq. 2 score S(u→v) / the best of any node); `bonus` = what the top node gains.
+#: Chosen on the LoCoMo dev split, one setting for both extractions and both `walk` and `hybrid-walk`,
+#: in a partial grid over by ∈ {visits, walked, reach} × bonus ∈ {0.01, 0.015, 0.02, 0.03, 0.05} ×
+#: seeds ∈ {2, 3, 5} × walks ∈ {1, 2, 3} × restart ∈ {0, 0.2, 0.3} (bench/RESULTS.md): every setting
+#: was within −0.011 / +0.006 R@10 of the ranking it starts from.
+MERGE = {"by": "walked", "bonus": 0.02}
 
 
 def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams | None = None,
-           by: str = "visits", bonus: float = 0.03) -> tuple[np.ndarray, np.ndarray] | None:
+           by: str = "walked", bonus: float = 0.02) -> tuple[np.ndarray, np.ndarray] | None:
     """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
 
     Walks start from the graph nodes best by `ranked` (the score of each row of `rows`). Every row
     keeps its `ranked` score; a walked node gains up to `bonus` (see `MERGE`), so the nodes the walks
-    keep reaching climb over one-off hits.
+    keep reaching from the top hits climb over one-off hits.
     """
     index = q.index
     graph = graph_for(index)
@@ -258,7 +265,8 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
     if by == "visits":
         gain: dict[int, float] = dict(walked.visits)
     elif by == "walked":
-        gain = {n: c for n, c in walked.visits.items() if n not in set(walked.seeds)}
+        seeds = set(walked.seeds)
+        gain = {n: c for n, c in walked.visits.items() if n not in seeds}
     else:
         gain = walked.reach
     top = max(gain.values(), default=1.0) or 1.0
@@ -294,7 +302,7 @@ def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, n
     if route == rfmem.FAMILIARITY:
         return _rfmem(q, route=rfmem.FAMILIARITY, fused=fused)
     ranked = probe + q.prior(rows, probe) if fused else probe
-    out = expand(q, rows, ranked, **MERGE["fused" if fused else "plain"])
+    out = expand(q, rows, ranked, **MERGE)
     if out is None:
         return _rfmem(q, route=rfmem.RECOLLECTION, fused=fused)
     idx, sc = out

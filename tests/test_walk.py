@@ -119,3 +119,24 @@ def test_days_between_sessions() -> None:
 
     t = datetime(2023, 5, 1, tzinfo=timezone.utc)
     assert days(t, t + timedelta(hours=36)) == pytest.approx(1.5)
+
+
+def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a bonus, `hybrid-walk` ranks exactly as `hybrid`; with one, only walked nodes gain."""
+    from retrieval import RetrievalSettings, Retriever
+    from retrieval import walk as walk_mod
+
+    r = Retriever(store, RetrievalSettings(refresh_ms=0))
+    user = store.users()[0]
+    text = "what did they do on the weekend?"
+    hyb = r.retrieve(user, text, k=5, strategy="hybrid")
+    monkeypatch.setitem(walk_mod.MERGE, "bonus", 0.0)
+    flat = r.retrieve(user, text, k=5, strategy="hybrid-walk")
+    assert [it.id for it in flat.items] == [it.id for it in hyb.items]
+    assert flat.route == "recollection" and flat.signals["walk_steps"] > 0
+    monkeypatch.setitem(walk_mod.MERGE, "bonus", 0.02)
+    walked = r.retrieve(user, text, k=5, strategy="hybrid-walk")
+    base = {it.id: it.score for it in hyb.items}
+    for it in walked.items:
+        if it.id in base:
+            assert base[it.id] - 1e-6 <= it.score <= base[it.id] + 0.02 + 1e-6
