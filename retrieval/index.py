@@ -140,7 +140,8 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
         order = pc.index_in(t.column("id"), value_set=v.column("id").combine_chunks())
         vecs.append(_vectors(v.column("vector").take(order), store.dim))
     z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
-    kinds = np.asarray(meta.column("kind").to_numpy(zero_copy_only=False), dtype=str) if meta.num_rows \
+    names = [m.column("kind")[0].as_py() for m in metas]
+    kinds = np.repeat(np.asarray(names, dtype=str), [m.num_rows for m in metas]) if metas \
         else np.zeros(0, dtype=str)
     idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store)
     if future is not None:

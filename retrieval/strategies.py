@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 
 from retrieval import rfmem
 from retrieval.index import UserIndex
@@ -52,8 +53,8 @@ class Query:
     def prior(self, rows: np.ndarray, z_scores: np.ndarray) -> np.ndarray:
         """Kind weights plus the weighted, max-normalized BM25 score of each row."""
         s = self.settings
-        weights = self.index.memo("kindw:" + repr(sorted(s.kind_weights.items())), lambda: np.array(
-            [s.kind_weights.get(k, 0.0) for k in self.index.kinds], dtype=np.float32))
+        weights = self.index.memo("kindw:" + repr(sorted(s.kind_weights.items())), lambda: _kind_weights(
+            self.index.kinds, s.kind_weights))
         out = weights[rows].copy()
         if self.text and s.lexical_weight > 0:
             bm = self.index.lexical(s.bm25_k1, s.bm25_b).scores(self.text)[rows]
@@ -63,6 +64,15 @@ class Query:
 
 
 Result = tuple[np.ndarray, np.ndarray, str | None]
+
+
+def _kind_weights(kinds: np.ndarray, weights: dict[str, float]) -> np.ndarray:
+    """The prior weight of every row from its kind, vectorized (one mask per kind)."""
+    out = np.zeros(kinds.shape[0], dtype=np.float32)
+    for kind, w in weights.items():
+        if w:
+            out[kinds == kind] = w
+    return out
 
 
 def _subset(q: Query, kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -201,6 +211,9 @@ def profile_row(index: UserIndex) -> int | None:
     """Row of the user's MemWeaver profile in the index, if it has one."""
     from retrieval.context import PROFILE_KEY
 
-    hits = np.flatnonzero((index.kinds == "summary") & (np.asarray(
-        index.meta.column("key").to_pylist(), dtype=object) == PROFILE_KEY))
-    return int(hits[0]) if hits.size else None
+    summary = np.flatnonzero(index.kinds == "summary")
+    if summary.size == 0:
+        return None
+    keys = index.meta.column("key").take(pa.array(summary)).to_pylist()
+    hits = [int(row) for row, key in zip(summary, keys) if key == PROFILE_KEY]
+    return hits[0] if hits else None
