@@ -1,6 +1,6 @@
 """The lexical channel: Okapi BM25 over one user's memory texts, scored in NumPy.
 
-Tokenization runs in Polars (Rust: lowercase, regex split, explode, group-by counts), so indexing
+Tokenization runs in Polars (Rust: lowercase, regex split, explode, hash), so indexing
 10k memories takes milliseconds and fits in a cold query; the index is a SciPy CSC matrix of
 precomputed BM25 term weights, so scoring a query is one sparse column sum over its terms.
 Why not a search engine: a tantivy or LanceDB FTS index lives per table, not per user, and answers
@@ -39,39 +39,52 @@ def tokenize(text: str) -> list[str]:
 
 
 class BM25Index:
-    """BM25 weights of every (memory, term) pair of one user's texts."""
+    """BM25 weights of every (memory, term) pair of one user's texts.
+
+    Terms are identified by their Polars 64-bit hash (fixed seed), so building needs no string
+    group-by or vocabulary join: one sort of the hashes gives the columns, and SciPy's duplicate
+    summing gives the term frequencies. Queries hash their tokens the same way.
+    """
 
     def __init__(self, texts: Sequence[str | None] | pa.Array | pa.ChunkedArray, k1: float = 1.2,
                  b: float = 0.75) -> None:
-        self.n_docs = len(texts)
+        self.n_docs = n = len(texts)
         series = pl.Series("text", texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts),
                            dtype=pl.Utf8)
-        df = pl.DataFrame({"text": series.fill_null("")}).with_row_index("doc")
         tok = pl.col("tok")
-        toks = (df.select("doc", pl.col("text").str.to_lowercase().str.extract_all(TOKEN_RE).alias("tok"))
+        folded = pl.when((tok.str.len_chars() > 3) & tok.str.ends_with("s") & ~tok.str.ends_with("ss")) \
+            .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok)
+        toks = (pl.DataFrame({"text": series.fill_null("")}).with_row_index("doc")
+                .select("doc", pl.col("text").str.to_lowercase().str.extract_all(TOKEN_RE).alias("tok"))
                 .explode("tok").drop_nulls("tok")
                 .filter(~tok.is_in(pl.Series(sorted(STOP_WORDS)).implode()))
-                .with_columns(pl.when((tok.str.len_chars() > 3) & tok.str.ends_with("s") & ~tok.str.ends_with("ss"))
-                              .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok).alias("tok")))
-        counts = toks.group_by("doc", "tok").len("tf")
-        vocab = counts.select(tok.unique()).with_row_index("col")
-        counts = counts.join(vocab, on="tok")
-        self.vocab: dict[str, int] = dict(zip(vocab["tok"].to_list(), vocab["col"].to_list()))
-        n_terms = len(self.vocab)
-        doc_len = np.zeros(self.n_docs, dtype=np.float64)
-        d = counts["doc"].to_numpy().astype(np.int64)
-        c = counts["col"].to_numpy().astype(np.int64)
-        tf = counts["tf"].to_numpy().astype(np.float64)
-        np.add.at(doc_len, d, tf)
-        avg = doc_len.mean() if self.n_docs and doc_len.mean() > 0 else 1.0
-        df_t = np.bincount(c, minlength=n_terms).astype(np.float64)
-        idf = np.log1p((self.n_docs - df_t + 0.5) / (df_t + 0.5))
-        w = idf[c] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len[d] / avg))
-        self.matrix = sparse.csc_matrix((w.astype(np.float32), (d, c)), shape=(self.n_docs, max(n_terms, 1)))
+                .select("doc", folded.hash().alias("h")))
+        d = toks["doc"].to_numpy().astype(np.int64)
+        self.terms, c = np.unique(toks["h"].to_numpy(), return_inverse=True)
+        n_terms = max(len(self.terms), 1)
+        m = sparse.csr_matrix((np.ones(d.size, np.float32), (d, c.ravel())), shape=(n, n_terms))
+        m.sum_duplicates()  # data = term frequency of each (doc, term)
+        tf = m.data
+        doc_len = np.bincount(d, minlength=n).astype(np.float32)
+        avg = float(doc_len.mean()) if n and doc_len.mean() > 0 else 1.0
+        doc_of = np.repeat(np.arange(n), np.diff(m.indptr))
+        df_t = np.bincount(m.indices, minlength=n_terms).astype(np.float32)
+        idf = np.log1p((n - df_t + 0.5) / (df_t + 0.5))
+        m.data = (idf[m.indices] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len[doc_of] / avg))).astype(np.float32)
+        self.matrix = m.tocsc()
+
+    def columns(self, query: str) -> list[int]:
+        """Matrix columns of the query's terms that occur in the user's texts."""
+        tokens = tokenize(query)
+        if not tokens or self.terms.size == 0:
+            return []
+        h = pl.Series(tokens, dtype=pl.Utf8).hash().to_numpy()
+        pos = np.minimum(np.searchsorted(self.terms, h), self.terms.size - 1)
+        return sorted(set(pos[self.terms[pos] == h].tolist()))
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every memory for the query (zeros when no term matches)."""
-        cols = sorted({self.vocab[t] for t in tokenize(query) if t in self.vocab})
+        cols = self.columns(query)
         if not cols or self.n_docs == 0:
             return np.zeros(self.n_docs, dtype=np.float32)
         return np.asarray(self.matrix[:, cols].sum(axis=1), dtype=np.float32).ravel()
