@@ -59,3 +59,11 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             typer.echo(f"user {user!r} has no graph yet: consolidate its sessions first", err=True)
         typer.echo(f"wrote {html}: {drawn['nodes']} nodes, {drawn['edges']} temporal edges, "
                    f"{drawn['clusters']} clusters, {drawn['phases']} phases")
+
+    @bench_app.command("incremental")
+    def bench_incremental(path: str = typer.Argument(..., help="LoCoMo JSON file"),
+                          strategies: str = typer.Option("walk,hybrid-walk,rfmem-hybrid", "--strategies")) -> None:
+        """Consolidate in two batches and compare Recall@10 with a rebuild of the same store."""
+        from retrieval.bench_incremental import bench_incremental as run
+
+        typer.echo(run(path, [s.strip() for s in strategies.split(",") if s.strip()]))
