@@ -15,8 +15,8 @@ from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backen
 from memory.runs import consolidate, open_store, stats
 from memory.settings import Settings
 from memory.store import Store
+from tests.helpers import SAMPLE, killed_before, split_sample
 
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
 MEMORY_TABLES = ("messages", "fragments", "insights", "clusters", "links", "watermarks")
 
 
@@ -36,21 +36,6 @@ def _snapshot(store: Store) -> dict[str, set[str]]:
         rows = store.read(name, columns=["id", "text", "date", "source_ids"]).to_pylist()
         snap[name + ":content"] = {json.dumps(r, sort_keys=True) for r in rows}
     return snap
-
-
-def _split_sample(tmp_path: Path) -> tuple[Path, Path]:
-    """The sample archive cut in two by session time: earlier sessions first."""
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
-    firsts: dict[tuple[str, str], str] = {}
-    for r in rows:
-        key = (r["user_id"], r["session_id"])
-        firsts[key] = min(firsts.get(key, r["timestamp"]), r["timestamp"])
-    order = sorted(firsts, key=lambda k: firsts[k])
-    early = set(order[: len(order) // 2])
-    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) in early) + "\n")
-    b.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) not in early) + "\n")
-    return a, b
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +104,7 @@ def test_rerun_changes_nothing(consolidated: tuple[Settings, Store, Any]) -> Non
 
 def test_two_batches_equal_one(consolidated: tuple[Settings, Store, Any], tmp_path: Path) -> None:
     _, one, _ = consolidated
-    a, b = _split_sample(tmp_path)
+    a, b = split_sample(tmp_path)
     settings = _settings(tmp_path, "two")
     two = open_store(settings)
     ingest(two, a, "jsonl")
@@ -131,10 +116,6 @@ def test_two_batches_equal_one(consolidated: tuple[Settings, Store, Any], tmp_pa
         assert s1[key] == s2[key], key
 
 
-class _Crash(RuntimeError):
-    pass
-
-
 @pytest.mark.parametrize("crash_before", ["clusters", "insights", "watermarks"])
 def test_crash_mid_commit_then_rerun(consolidated: tuple[Settings, Store, Any], tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch, crash_before: str) -> None:
@@ -143,17 +124,8 @@ def test_crash_mid_commit_then_rerun(consolidated: tuple[Settings, Store, Any], 
     settings = _settings(tmp_path)
     store = open_store(settings)
     ingest(store, SAMPLE, "jsonl")
-    real = Store.upsert
-
-    def crashing(self: Store, name: str, data: Any) -> int:
-        if name == crash_before:
-            raise _Crash(f"killed before writing {name}")
-        return real(self, name, data)
-
-    monkeypatch.setattr(Store, "upsert", crashing)
-    with pytest.raises(_Crash):
+    with killed_before(monkeypatch, crash_before):
         consolidate(store, settings)
-    monkeypatch.setattr(Store, "upsert", real)
     consolidate(store, settings)
     assert _snapshot(store) == _snapshot(clean)
 

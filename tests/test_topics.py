@@ -17,6 +17,7 @@ from memory.llm.runner import LLMRunner, check
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
+from tests.helpers import killed_before, split_sample
 
 SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
 
@@ -125,9 +126,7 @@ def test_rerun_changes_nothing(clean: Store) -> None:
 
 
 def test_two_batches_equal_one(clean: Store, tmp_path: Path) -> None:
-    from tests.test_pipeline import _split_sample
-
-    a, b = _split_sample(tmp_path)
+    a, b = split_sample(tmp_path)
     two = _run(tmp_path, "two", a, b)
     assert _snapshot(two) == _snapshot(clean)
 
@@ -135,25 +134,14 @@ def test_two_batches_equal_one(clean: Store, tmp_path: Path) -> None:
 def test_crash_after_topics_before_watermarks_converges(clean: Store, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Topics (merges included) written, watermarks not: the re-run rolls the bank back and redoes it."""
-    from tests.test_pipeline import _split_sample
-
-    a, b = _split_sample(tmp_path)
+    a, b = split_sample(tmp_path)
     settings = Settings(store=str(tmp_path / "crash"))
     store = open_store(settings)
     ingest(store, a, "jsonl")
     consolidate(store, settings)
     ingest(store, b, "jsonl")
-    real = Store.upsert
-
-    def crashing(self: Store, name: str, data: Any) -> int:
-        if name == "watermarks":
-            raise RuntimeError("killed before the watermarks")
-        return real(self, name, data)
-
-    monkeypatch.setattr(Store, "upsert", crashing)
-    with pytest.raises(RuntimeError):
+    with killed_before(monkeypatch, "watermarks"):
         consolidate(store, settings)
-    monkeypatch.setattr(Store, "upsert", real)
     consolidate(store, settings)
     assert _snapshot(store) == _snapshot(clean)
 

@@ -2,7 +2,6 @@
 batches linked and clustered on their own, rebuild equal to one batch, crash recovery, upgrade."""
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,23 +12,10 @@ from memory.ingest import ingest
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
+from tests.helpers import killed_before, split_sample
 from memory.weave import K_DEFAULT, choose_k
 
 SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
-
-
-def _split(tmp: Path) -> tuple[Path, Path]:
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
-    firsts: dict[tuple[str, str], str] = {}
-    for r in rows:
-        key = (r["user_id"], r["session_id"])
-        firsts[key] = min(firsts.get(key, r["timestamp"]), r["timestamp"])
-    order = sorted(firsts, key=lambda k: firsts[k])
-    early = set(order[: len(order) // 2])
-    a, b = tmp / "a.jsonl", tmp / "b.jsonl"
-    a.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) in early) + "\n")
-    b.write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) not in early) + "\n")
-    return a, b
 
 
 def graph(store: Store) -> dict[str, Any]:
@@ -47,7 +33,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Store]:
     one = open_store(one_s)
     ingest(one, SAMPLE, "jsonl")
     consolidate(one, one_s)
-    a, b = _split(tmp)
+    a, b = split_sample(tmp)
     two_s = Settings(store=str(tmp / "two"))
     two = open_store(two_s)
     ingest(two, a, "jsonl")
@@ -109,23 +95,14 @@ def test_rerun_changes_nothing(stores: dict[str, Store], tmp_path: Path) -> None
 
 def test_crash_before_watermarks_then_rerun(stores: dict[str, Store], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    a, b = _split(tmp_path)
+    a, b = split_sample(tmp_path)
     settings = Settings(store=str(tmp_path / "s"))
     store = open_store(settings)
     ingest(store, a, "jsonl")
     consolidate(store, settings)
     ingest(store, b, "jsonl")
-    real = Store.upsert
-
-    def crashing(self: Store, name: str, data: Any) -> int:
-        if name == "watermarks":
-            raise RuntimeError("killed before the watermarks")
-        return real(self, name, data)
-
-    monkeypatch.setattr(Store, "upsert", crashing)
-    with pytest.raises(RuntimeError):
+    with killed_before(monkeypatch, "watermarks"):
         consolidate(store, settings)
-    monkeypatch.setattr(Store, "upsert", real)
     consolidate(store, settings)
     assert graph(store) == graph(stores["two"])
 
