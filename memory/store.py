@@ -42,6 +42,9 @@ class Store:
         except Exception as exc:  # lancedb raises plain errors for bad URIs
             raise StoreError(f"cannot open store {self.uri!r}: {exc}", uri=self.uri) from exc
         self._tables: dict[str, Any] = {}
+        self._indexed: set[str] = set()
+        # with a consistency interval LanceDB refreshes handles itself; without one we refresh them
+        self._refresh = consistency_s is None
         self._lock = threading.Lock()
 
     # -- tables ---------------------------------------------------------------------------
@@ -51,6 +54,8 @@ class Store:
         return list(tables)
 
     def has_table(self, name: str) -> bool:
+        if name in self._tables:  # opened or created through this store: no directory listing
+            return True
         return name in self.table_names()
 
     def table(self, name: str) -> Any:
@@ -99,22 +104,31 @@ class Store:
             return 0
         table = _dedupe_last(table)
         tbl = self.table(name)
-        tbl.checkout_latest()
+        tbl.checkout_latest()  # upserts always start from the newest version (stale handles duplicate)
         (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
          .execute(table, on_bad_vectors="null"))
         self._ensure_user_index(name, tbl)
         return table.num_rows
 
+    def drop_table(self, name: str) -> None:
+        """Remove a whole table (and this store's handle to it)."""
+        with self._lock:
+            self._tables.pop(name, None)
+            self._indexed.discard(name)
+        self.db.drop_table(name)
+
     def delete(self, name: str, where: Expr) -> None:
         self.table(name).delete(where)
 
     def _ensure_user_index(self, name: str, tbl: Any) -> None:
-        if name not in schemas.USER_TABLES:
+        if name not in schemas.USER_TABLES or name in self._indexed:
             return
         if any("user_id" in idx.columns for idx in tbl.list_indices()):
+            self._indexed.add(name)
             return
         try:
             tbl.create_scalar_index("user_id", index_type="BTREE")
+            self._indexed.add(name)
         except Exception as exc:  # an index is an optimisation; never fail a write for it
             log.warning("could not index %s.user_id: %s", name, exc)
 
@@ -140,7 +154,8 @@ class Store:
             return schemas.schema_for(name, self.dim).empty_table() if columns is None else \
                 schemas.schema_for(name, self.dim).empty_table().select(columns)
         tbl = self.table(name)
-        tbl.checkout_latest()
+        if self._refresh:
+            tbl.checkout_latest()
         cond = user_filter(user_id) if user_id is not None else None
         if where is not None:
             cond = where if cond is None else (cond & where)

@@ -101,8 +101,7 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
                 raise SystemExit(f"{store} already holds feedback or rerankers; pass --reset to drop them")
             for name in ("feedback", "rerankers"):
                 if st.has_table(name):
-                    st.db.drop_table(name)
-                    st._tables.pop(name, None)
+                    st.drop_table(name)
         base = settings or RetrievalSettings()
         r = Retriever(st, base.with_overrides(rerank_scope=scope))
         questions = load_questions(path, st)

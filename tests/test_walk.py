@@ -106,7 +106,7 @@ def test_walk_without_graph_falls_back(tmp_path: Path) -> None:
     st = open_store(s)
     ingest(st, SAMPLE, "jsonl")
     consolidate(st, s)
-    st.db.drop_table("graph_nodes")
+    st.drop_table("graph_nodes")
     r = Retriever(st, RetrievalSettings(refresh_ms=0))
     user = st.users()[0]
     assert graph_for(r.user_index(user)).size == 0
