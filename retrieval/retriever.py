@@ -21,7 +21,7 @@ from memory.settings import Settings
 from memory.store import Store
 from retrieval.index import IndexCache, UserIndex
 from retrieval.settings import RetrievalSettings
-from retrieval.strategies import STRATEGIES, Query, profile_row
+from retrieval.strategies import DEDUPED, STRATEGIES, Query, novel_order, profile_row
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,8 @@ class Retriever:
                   kinds=tuple(kinds) if kinds else tuple(s.kinds))
         rows, scores, route = fn(q)
         if do_rerank:
-            rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings)
+            rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
+                                        dedupe=s.dedupe_sources and name in DEDUPED)
         result.route = route
         result.items = [_item(r, sc) for r, sc in zip(index.rows(rows), scores.tolist())]
         p = index.memo("profile-row", lambda: profile_row(index))
@@ -182,8 +183,11 @@ class Retriever:
         return result
 
     def _rerank(self, user_id: str, index: UserIndex, vec: np.ndarray, rows: np.ndarray, scores: np.ndarray,
-                top_m: int, signals: dict[str, Any], timings: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-        """Top-M of the candidates by the latest reranker (retrieval.rerank); base order without one."""
+                top_m: int, signals: dict[str, Any], timings: dict[str, float], *,
+                dedupe: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Top-M of the candidates by the latest reranker (retrieval.rerank); base order without one.
+        With `dedupe` a candidate whose every source a higher-reranked one already cites is skipped,
+        as the base strategy skipped it in its own order."""
         from retrieval.rerank import GLOBAL, Reranker, RerankerCache, scope_key
 
         t0 = time.perf_counter()
@@ -207,9 +211,15 @@ class Retriever:
         if explore:
             with self._rmm_lock:
                 rng = self._rmm.setdefault("rng", np.random.default_rng(self.settings.rerank_seed))
-                order, sc = model.sample(vec, m, prior, top_m, rng)
+                order, sc = model.sample(vec, m, prior, rows.size, rng)
         else:
-            order, sc = model.rerank(vec, m, prior, top_m)
+            order, sc = model.rerank(vec, m, prior, rows.size)
+        if dedupe:
+            keep = novel_order(index.meta.column("source_ids").take(rows).to_pylist(), order, top_m)
+            pos = {int(o): j for j, o in enumerate(order.tolist())}
+            order, sc = keep, sc[[pos[int(i)] for i in keep.tolist()]]
+        else:
+            order, sc = order[:top_m], sc[:top_m]
         timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
         signals["reranker"] = {"version": model.version, "scope": model.scope, "candidates": int(rows.size),
                                "explore": explore}

@@ -85,17 +85,9 @@ def _subset(q: Query, kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray,
 def _novel(q: Query, rows: np.ndarray, scores: np.ndarray) -> Result:
     """Keep ranked rows that cite at least one message not cited above them, up to k: a memory
     whose every source is already covered adds no new evidence (e.g. a fragment below its turn)."""
-    seen: set[str] = set()
-    keep = []
-    for i, sources in enumerate(q.index.meta.column("source_ids").take(rows).to_pylist()):
-        new = set(sources or []) - seen
-        if new or not sources:
-            keep.append(i)
-            seen |= new
-            if len(keep) == q.k:
-                break
-    q.signals["skipped_redundant"] = int(len(rows) - len(keep)) if len(keep) < q.k else 0
-    idx = np.asarray(keep, dtype=np.int64)
+    sources = q.index.meta.column("source_ids").take(rows).to_pylist()
+    idx = novel_order(sources, np.arange(len(sources)), q.k)
+    q.signals["skipped_redundant"] = int(len(rows) - idx.size) if idx.size < q.k else 0
     return rows[idx], scores[idx], None
 
 
@@ -205,6 +197,26 @@ STRATEGIES.update({
     "rfmem-walk": _walk(gate=True, fused=False),
     "rfmem-hybrid-walk": _walk(gate=True, fused=True),
 })
+
+
+#: strategies whose ranking skips memories adding no new source (`settings.dedupe_sources`); the
+#: reranker keeps that guarantee after it reorders their candidates
+DEDUPED = frozenset({"hybrid", "rfmem-hybrid", "calibrated", "hybrid-walk", "rfmem-hybrid-walk"})
+
+
+def novel_order(sources: list[list[str] | None], order: np.ndarray, k: int) -> np.ndarray:
+    """The first k positions of `order` whose item cites a source no earlier kept item cites (items
+    without sources are kept): `_novel` for a reordered candidate list."""
+    seen: set[str] = set()
+    keep = []
+    for i in order.tolist():
+        new = set(sources[i] or []) - seen
+        if new or not sources[i]:
+            keep.append(i)
+            seen |= new
+            if len(keep) == k:
+                break
+    return np.asarray(keep, dtype=np.int64)
 
 
 def profile_row(index: UserIndex) -> int | None:

@@ -150,3 +150,28 @@ def test_train_config_from_settings_keeps_paper_defaults() -> None:
     cfg = TrainConfig.from_settings(RetrievalSettings(rerank_epochs=40, rerank_l2=0.05), epochs=None)
     assert (cfg.epochs, cfg.l2) == (40, 0.05)
     assert TrainConfig.from_settings(RetrievalSettings(), epochs=3).epochs == 3
+
+
+def test_novel_order_skips_candidates_whose_sources_are_covered_above() -> None:
+    from retrieval.strategies import novel_order
+
+    sources = [["a"], ["a", "b"], ["b"], ["c"], None]
+    assert novel_order(sources, np.array([1, 0, 2, 3, 4]), 3).tolist() == [1, 3, 4]
+    assert novel_order(sources, np.array([0, 1, 2, 3]), 2).tolist() == [0, 1]
+
+
+def test_reranked_hybrid_results_keep_every_item_novel(retriever: Retriever) -> None:
+    text = "hiking in the Alps and my pets"
+    qv = retriever.embed([text])[0]
+    base = retriever.retrieve("alice", qv, k=20, strategy="rfmem-hybrid", text=text)
+    assert base.items[0].source_ids == ["alice:D1:0"] and base.ids[1] == "alice-i0"   # novel by D1:1 alone
+    ins = retriever.embed(["pets: Alice has pets and cares for them"])[0]
+    wq = np.outer(ins, qv).astype(np.float32) * 5            # lift the insight (sources D1:0, D1:1) to the top
+    save_version(retriever.store, Reranker(wq, np.zeros((384, 384), np.float32)), GLOBAL,
+                 feedback_until=datetime.now(timezone.utc), metrics={})
+    res = retriever.retrieve("alice", qv, k=5, strategy="rfmem-hybrid", text=text, rerank=True)
+    assert res.ids[0] == "alice-i0" and res.signals["reranker"]["version"] == 1
+    seen: set[str] = set()
+    for it in res.items:
+        assert set(it.source_ids) - seen, f"{it.id} cites only sources already shown above it"
+        seen |= set(it.source_ids)
