@@ -8,7 +8,9 @@
 3. On the test half: Recall@5 of the base strategy without and with the reranker (top-20 -> top-5),
    and the reranking latency for 20 candidates (median of the in-retrieve `rerank_ms`, and of the
    bare NumPy scoring).
-4. Recall@5 / @10 over all questions with the default searched kinds vs the same plus "topic".
+4. Ceilings of any top-20 -> top-5 reranker on the held-back half (`ceilings`): the evidence oracle,
+   and a supervised reranker trained on the train half with every candidate labelled.
+5. Recall@5 / @10 over all questions with the default searched kinds vs the same plus "topic".
 """
 from __future__ import annotations
 
@@ -69,6 +71,68 @@ def _recall(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx
         if "rerank_ms" in res.signals.get("timings", {}):
             ms.append(res.signals["timings"]["rerank_ms"])
     return float(np.mean(vals)) if vals else float("nan"), ms
+
+
+KINDS = ("message", "fragment", "insight", "topic", "summary")
+
+
+def _features(items: Sequence[Any]) -> np.ndarray:
+    """Per candidate: base score, rank, kind, log #sources, and the share of the candidates' softmax
+    score mass in its LoCoMo session ("D3:5" -> D3): what a reranker of the top-20 can see besides
+    the embeddings."""
+    base = np.asarray([it.score for it in items], dtype=np.float64)
+    w = np.exp((base - base.max()) / 0.05)
+    sessions = [{s.split(":")[0] for s in it.source_ids} or {""} for it in items]
+    mass: dict[str, float] = {}
+    for ss, wi in zip(sessions, w):
+        for s in ss:
+            mass[s] = mass.get(s, 0.0) + wi / len(ss)
+    total = sum(mass.values())
+    return np.asarray([[b, r / len(items), *[it.kind == k for k in KINDS], np.log(max(1, len(it.source_ids))),
+                        max(mass[s] for s in ss) / total] for r, (it, b, ss) in enumerate(zip(items, base, sessions))])
+
+
+def ceilings(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, train_idx: Sequence[int],
+             test_idx: Sequence[int], strategy: str | None) -> dict[str, float]:
+    """Held-back Recall@5 of three rerankings of the base top-20 (source-deduplicated like the retriever):
+    `oracle` (evidence-hitting candidates first, fewest sources first: no reranker can beat it),
+    `supervised` (logistic regression on `_features`, trained on the train half with every candidate
+    labelled "cited", ranked by P(cited)) and `supervised_per_source` (ranked by P(cited) / √#sources,
+    since a cited item with many sources spends more of the K distinct-source budget)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from retrieval.strategies import novel_order
+
+    def pool(i: int) -> list[Any]:
+        q = questions[i]
+        return r.retrieve(q["user"], vecs[i], k=20, strategy=strategy, text=q["question"], rerank=False).items
+
+    def cited(items: Sequence[Any], ev: set[str]) -> np.ndarray:
+        return np.asarray([bool(set(it.source_ids) & ev) for it in items])
+
+    train = [(pool(i), questions[i]["evidence"]) for i in train_idx]
+    x = np.concatenate([_features(items) for items, _ in train if items])
+    y = np.concatenate([cited(items, ev) for items, ev in train if items])
+    scaler = StandardScaler().fit(x)
+    model = LogisticRegression(C=1.0, max_iter=5000).fit(scaler.transform(x), y)
+    out: dict[str, list[float]] = {"base": [], "oracle": [], "supervised": [], "supervised_per_source": []}
+    for i in test_idx:
+        items, ev = pool(i), questions[i]["evidence"]
+        if not items:
+            continue
+        sources = [list(it.source_ids) for it in items]
+        n = np.asarray([max(1, len(s)) for s in sources], dtype=np.float64)
+        hit = cited(items, ev)
+        p = model.predict_proba(scaler.transform(_features(items)))[:, 1]
+        orders = {"base": np.arange(len(items)),
+                  "oracle": np.lexsort((np.arange(len(items)), n, ~hit)),
+                  "supervised": np.argsort(-p, kind="stable"),
+                  "supervised_per_source": np.argsort(-p / np.sqrt(n), kind="stable")}
+        for name, order in orders.items():
+            keep = novel_order(sources, order, 5)
+            out[name].append(recall_at([items[j] for j in keep], ev, 5))
+    return {k: float(np.mean(v)) if v else float("nan") for k, v in out.items()}
 
 
 def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
@@ -137,6 +201,13 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
         lines.append(f"| delta | {after - before:+.3f} |")
         lines.append(f"reranking 20 candidates: median {np.median(ms) if ms else float('nan'):.3f} ms in retrieve "
                      f"(p99 {np.percentile(ms, 99) if ms else float('nan'):.3f} ms), bare scoring median {bare:.3f} ms")
+
+        c = ceilings(r, questions, vecs, train_idx, test_idx, name)
+        lines.append("")
+        lines.append(f"ceilings of a top-20 -> top-5 reranker on the held-back half (base {c['base']:.3f}): "
+                     f"evidence oracle {c['oracle']:.3f}; supervised with every train candidate labelled, over "
+                     f"base score, rank, kind, #sources and session share: {c['supervised']:.3f} ranked by "
+                     f"P(cited), {c['supervised_per_source']:.3f} by P(cited)/sqrt(#sources)")
 
         every = list(range(len(questions)))
         kinds = tuple(base.kinds)

@@ -99,7 +99,7 @@ class Reranker:
 
     def scores(self, q: np.ndarray, m: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
         qp = q + self.wq @ q
-        s = (m + m @ self.wm.T) @ qp
+        s = m @ (qp + self.wm.T @ qp)     # = (m + m W_mᵀ) q': two mat-vecs instead of a (K×d)(d×d) product
         return s if prior is None else s + prior
 
     def rerank(self, q: np.ndarray, m: np.ndarray, prior: np.ndarray | None, top_m: int) -> tuple[np.ndarray, np.ndarray]:
