@@ -9,8 +9,8 @@
 | hybrid | familiarity over dense + BM25 fused scores, with kind weights |
 | rfmem-hybrid | rfmem whose both paths rank by the fused scores with kind weights |
 | calibrated | rfmem-hybrid with θ_high, θ_low, τ calibrated on this user's score distribution |
-| walk | MemWeaver's context-aware random walk (Eq. 2) over the user's graph, seeded by familiarity |
-| hybrid-walk | the walk seeded by the hybrid (dense + BM25 + kind weights) top hits, walked nodes fused as a bonus |
+| walk | MemWeaver's context-aware random walk (Eq. 2) along the user's temporal graph from the familiarity top hits; the raw turns the walked nodes cite gain a bonus |
+| hybrid-walk | the same walk seeded by the hybrid (dense + BM25 + kind weights) top hits |
 | rfmem-walk | rfmem whose recollection route is the walk (the paper's graph-based alternative) |
 | rfmem-hybrid-walk | rfmem-hybrid whose recollection route is the walk |
 
@@ -201,7 +201,7 @@ STRATEGIES.update({
 
 #: strategies whose ranking skips memories adding no new source (`settings.dedupe_sources`); the
 #: reranker keeps that guarantee after it reorders their candidates
-DEDUPED = frozenset({"hybrid", "rfmem-hybrid", "calibrated", "hybrid-walk", "rfmem-hybrid-walk"})
+DEDUPED = frozenset({"hybrid", "rfmem-hybrid", "calibrated", "walk", "hybrid-walk", "rfmem-hybrid-walk"})
 
 
 def novel_order(sources: list[list[str] | None], order: np.ndarray, k: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """MemWeaver's context-aware random walk (Yu et al. §3.3.1, Eq. 2) over one user's memory graph.
 
-From node u the walk moves to a neighbour v (a temporal neighbour, or any node of u's K-means
-cluster) with probability proportional to
+From node u the walk moves to a neighbour v (a temporal neighbour; optionally any node of u's K-means
+cluster, see below) with probability proportional to
 
     S(u→v) = cos(q, v)^α · exp(−λ1 Δt_v) · exp(−λ2 Δt_uv),     α = 1.5, λ1 = 0.01, λ2 = 0.02
 
@@ -16,11 +16,39 @@ walk would never leave a session; in years they would be constant. The query tim
 latest memory (the retriever has no clock of the question; in a live assistant the two are close).
 
 Deterministic: the random generator is seeded by a hash of the user id and the query vector, so
-the same query gives the same walk. `walks` walks (default 1) start from each of the `seeds` (3)
-best-ranked graph nodes (fragments and insights; raw messages and topics are not nodes): the cosine
-ranking for `walk`, the hybrid one (dense + BM25 + kind weights) for `hybrid-walk`. Seeds, walks per
-seed, the restart probability and how walked nodes join the ranking (`MERGE`) are ours; Eq. 2 and
-its α, λ1, λ2 and 10 steps are the paper's.
+the same query gives the same walk. Eq. 2 and its α, λ1, λ2 and 10 steps are the paper's; the rest
+is ours, chosen on the LoCoMo dev split (bench/RESULTS.md), one setting for both extractions:
+
+* **Seeds and walks:** `walks` = 5 walks start from each of the `seeds` = 3 best-ranked graph nodes
+  (fragments and insights; raw messages and topics are not nodes): the cosine ranking for `walk`,
+  the hybrid one (dense + BM25 + kind weights) for `hybrid-walk`. Before each step a walk jumps back
+  to its seed with probability `restart` = 0.3, so visits concentrate around the seeds.
+* **Neighbours: temporal edges only** (`WalkParams.cluster` = False). The stored K-means clusters
+  (K = 5 per user) hold ~100 nodes each, so a cluster neighbourhood is "everything similar", and
+  Eq. 2 over it draws destinations by cos(q, v)^1.5, i.e. re-samples the cosine ranking: with
+  cluster mates the walk was within −0.011 / +0.006 R@10 of its start in every setting tried
+  (seeds, walks, restart, merge, bonus 0.01-0.05). Along temporal edges (consecutive nodes: the
+  next and previous memory of the conversation) Eq. 2 picks the more relevant and more recent side
+  and the walk explores the turns around each top hit, which one-shot search cannot see.
+* **Merge:** every row keeps its starting score; the raw messages (kind "message") cited in the
+  `source_ids` of each walked non-seed node gain `bonus` = 0.1 × its visits / the most visits of any
+  such node (`MERGE`): Recall is counted over source message ids, and a raw turn spends one id of
+  the K-id budget where a topic or insight spends several. The result is deduplicated like the
+  hybrid strategies (a memory whose every source is already cited above it is skipped), because a
+  boosted turn often repeats a fragment ranked above it.
+
+Measured (LoCoMo dev5, R@10 overall / multi-hop; rules | observations extraction): `rfmem`
+0.6386 / 0.4375 | 0.6739 / 0.4643; the walk's start (cosine ranking, deduplicated, bonus 0) 0.6502 /
+0.4535 | 0.6786 / 0.4751; `walk` 0.6616 / 0.4618 | 0.6825 / 0.4680 (R@5 0.5687 | 0.5865 vs start
+0.5580 | 0.5777). So the walk adds +0.011 | +0.004 R@10 and +0.011 | +0.009 R@5 over its start,
++0.008 | −0.007 multi-hop (its context turns displace some cross-session evidence on observations);
+the rest of the gain over `rfmem` is the deduplication. With cluster mates as neighbours too:
+0.6517 / 0.4476 | 0.6818 / 0.4570; boosting the walked nodes themselves instead of their turns
+0.6659 / 0.4635 | 0.6834 / 0.4491; bonus 0.05: 0.6555 / 0.4570 | 0.6838 / 0.4751; one walk per
+seed without restart: 0.6575 / 0.4608 | 0.6838 / 0.4751. Not a walk-specific effect: boosting
+by a flat 0.02-0.1 every item citing a turn within ±2 turns of the top-3 hits' turns scores
+0.664-0.676 | 0.684-0.692 R@10 (multi-hop 0.474-0.491 | 0.437-0.465) in an offline check; the
+walk is one way to reach those turns, weighted by Eq. 2.
 
 The graph (stored by `memory.weave`: cluster membership in `graph_nodes`, temporal edges in
 `graph_edges`) is loaded once per user index and cached with it.
@@ -34,6 +62,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from typing import TYPE_CHECKING
 
@@ -56,8 +85,9 @@ class WalkParams:
     lam2: float = 0.02     # per day: continuity between u and v
     steps: int = 10
     seeds: int = 3         # ours: walks start from this many best-ranked graph nodes
-    walks: int = 1         # ours: walks per seed
-    restart: float = 0.0   # ours: probability of jumping back to the seed before each step
+    walks: int = 5         # ours: walks per seed
+    restart: float = 0.3   # ours: probability of jumping back to the seed before each step
+    cluster: bool = False  # ours: K-means cluster mates are neighbours too (default: temporal edges only)
 
 
 PARAMS = WalkParams()
@@ -73,15 +103,20 @@ class Graph:
     members: list[np.ndarray]             # node numbers per cluster
     temporal: list[list[tuple[int, float]]]  # (neighbour, gap in days) per node
     node_of_row: dict[int, int] = field(default_factory=dict)
+    #: per node, the index rows of the raw messages (kind "message") it cites in `source_ids`
+    cites: list[np.ndarray] = field(default_factory=list)
 
     @property
     def size(self) -> int:
         return int(self.rows.shape[0])
 
-    def neighbours(self, u: int) -> tuple[np.ndarray, np.ndarray]:
-        """(neighbour nodes, Δt_uv in days): u's cluster plus its temporal neighbours, u excluded."""
-        mates = self.members[int(self.cluster[u])]
-        nb = {int(v): abs(float(self.days[v] - self.days[u])) for v in mates.tolist() if v != u}
+    def neighbours(self, u: int, cluster: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(neighbour nodes, Δt_uv in days): u's temporal neighbours, plus with `cluster` every other
+        node of u's K-means cluster."""
+        nb: dict[int, float] = {}
+        if cluster:
+            nb = {int(v): abs(float(self.days[v] - self.days[u]))
+                  for v in self.members[int(self.cluster[u])].tolist() if v != u}
         for v, gap in self.temporal[u]:
             nb[v] = gap
         if not nb:
@@ -114,7 +149,23 @@ def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> G
                 continue
             temporal[a].append((b, float(gap)))
             temporal[b].append((a, float(gap)))
-    return Graph(rows, day, cluster, members, temporal, {int(r): i for i, r in enumerate(rows.tolist())})
+    graph = Graph(rows, day, cluster, members, temporal, {int(r): i for i, r in enumerate(rows.tolist())})
+    graph.cites = _cited_messages(index, rows)
+    return graph
+
+
+def _cited_messages(index: UserIndex, rows: np.ndarray) -> list[np.ndarray]:
+    """Index rows of the raw messages (kind "message") each node cites."""
+    msg = np.flatnonzero(index.kinds == "message")
+    row_of_msg = {}
+    if msg.size:
+        for r, sources in zip(msg.tolist(), index.meta.column("source_ids").take(pa.array(msg)).to_pylist()):
+            for sid in sources or []:
+                row_of_msg.setdefault(sid, r)
+    out = []
+    for sources in index.meta.column("source_ids").take(pa.array(rows)).to_pylist():
+        out.append(np.array(sorted({row_of_msg[x] for x in sources or [] if x in row_of_msg}), dtype=np.int64))
+    return out
 
 
 def graph_for(index: UserIndex) -> Graph | None:
@@ -164,7 +215,7 @@ def transitions(graph: Graph, u: int, base: np.ndarray, params: WalkParams | Non
     """(neighbours of u, P(u→v)): S(u→v) = base[v] · exp(−λ2 Δt_uv), normalized over the neighbours
     (Eq. 2). Empty when u has no neighbour with a positive score."""
     params = params or PARAMS
-    nb, gap = graph.neighbours(u)
+    nb, gap = graph.neighbours(u, params.cluster)
     if nb.size == 0:
         return nb, np.zeros(0)
     w = base[nb] * np.exp(-params.lam2 * gap)
@@ -195,7 +246,7 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
     def step_from(u: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(neighbours, P(u→v), S(u→v)) of u, computed once per walk."""
         if u not in cache:
-            nb, gap = graph.neighbours(u)
+            nb, gap = graph.neighbours(u, params.cluster)
             w = base[nb] * np.exp(-params.lam2 * gap) if nb.size else np.zeros(0)
             total = float(w.sum())
             cache[u] = (nb, w / total, w) if total > 0.0 else (np.zeros(0, np.int64), w, w)
@@ -234,24 +285,26 @@ def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_sco
 
 
 # -- strategies -------------------------------------------------------------------------------------
-#: how walked nodes join the ranking (see `expand`): `by` = "walked" (non-seed nodes: bonus × visits /
-#: the most visits of any of them), "visits" (the same, seeds included) or "reach" (non-seed nodes:
-#: bonus × their best Eq. 2 score S(u→v) / the best of any node); `bonus` = what the top node gains.
-#: Chosen on the LoCoMo dev split, one setting for both extractions and both `walk` and `hybrid-walk`,
-#: in a partial grid over by ∈ {visits, walked, reach} × bonus ∈ {0.01, 0.015, 0.02, 0.03, 0.05} ×
-#: seeds ∈ {2, 3, 5} × walks ∈ {1, 2, 3} × restart ∈ {0, 0.2, 0.3} (bench/RESULTS.md): every setting
-#: was within −0.011 / +0.006 R@10 of the ranking it starts from.
-MERGE = {"by": "walked", "bonus": 0.02}
+#: how walked nodes join the ranking (see `expand`). `by`: the gain of a walked node, "walked" (non-seed
+#: nodes: their visits / the most visits of any of them), "visits" (the same, seeds included) or
+#: "reach" (non-seed nodes: their best Eq. 2 score S(u→v) / the best of any node); `bonus`: what the
+#: top node's targets gain; the targets are the raw messages a walked node cites (`cite`) and/or the
+#: node itself (`own`). Chosen on the LoCoMo dev split (module docstring, bench/RESULTS.md).
+MERGE = {"by": "walked", "bonus": 0.1, "cite": True, "own": False}
 
 
 def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams | None = None,
-           by: str = "walked", bonus: float = 0.02) -> tuple[np.ndarray, np.ndarray] | None:
+           by: str = "walked", bonus: float = 0.1, cite: bool = True, own: bool = False
+           ) -> tuple[np.ndarray, np.ndarray] | None:
     """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
 
     Walks start from the graph nodes best by `ranked` (the score of each row of `rows`). Every row
-    keeps its `ranked` score; a walked node gains up to `bonus` (see `MERGE`), so the nodes the walks
-    keep reaching from the top hits climb over one-off hits.
+    keeps its `ranked` score; the targets of a walked node (with `cite` the raw messages it cites,
+    with `own` the node's own row) gain `bonus` × its gain (see `MERGE`), a row reached through
+    several nodes the largest of theirs. So the turns next to the top hits in their conversation,
+    which the walks reach along temporal edges, climb over weaker one-off hits.
     """
+    params = params or PARAMS
     index = q.index
     graph = graph_for(index)
     if graph is None or graph.size == 0:
@@ -263,17 +316,25 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
     pos = {int(r): i for i, r in enumerate(rows.tolist())}
     score = np.asarray(ranked, dtype=np.float64).copy()
     if by == "visits":
-        gain: dict[int, float] = dict(walked.visits)
+        gain: dict[int, float] = {n: float(c) for n, c in walked.visits.items()}
     elif by == "walked":
         seeds = set(walked.seeds)
-        gain = {n: c for n, c in walked.visits.items() if n not in seeds}
+        gain = {n: float(c) for n, c in walked.visits.items() if n not in seeds}
     else:
         gain = walked.reach
     top = max(gain.values(), default=1.0) or 1.0
+    add: dict[int, float] = {}
     for node, g in gain.items():
-        i = pos.get(int(graph.rows[node]))
-        if i is not None:
-            score[i] += bonus * g / top
+        targets = graph.cites[node].tolist() if cite and graph.cites else []
+        if own:
+            targets.append(int(graph.rows[node]))
+        for r in targets:
+            i = pos.get(r)
+            if i is not None:
+                add[i] = max(add.get(i, 0.0), bonus * g / top)
+    for i, x in add.items():
+        score[i] += x
+    q.signals["walk_boosted"] = len(add)
     from retrieval.rfmem import top_k
 
     order = top_k(score, max(q.k * 4, q.k))
@@ -306,6 +367,6 @@ def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, n
     if out is None:
         return _rfmem(q, route=rfmem.RECOLLECTION, fused=fused)
     idx, sc = out
-    if fused and s.dedupe_sources:
+    if s.dedupe_sources:  # as the hybrid strategies: boosted turns often repeat a fragment above them
         return _novel(q, idx, sc)[:2] + (rfmem.RECOLLECTION,)
     return idx[: q.k], sc[: q.k], rfmem.RECOLLECTION

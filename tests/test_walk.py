@@ -1,5 +1,6 @@
-"""MemWeaver random walk (retrieval/walk.py): Eq. 2 transition probabilities in days, determinism per
-query, unique visited nodes, the walk strategies on a consolidated store and without a graph."""
+"""MemWeaver random walk (retrieval/walk.py): Eq. 2 transition probabilities in days, temporal-only
+neighbours by default, determinism per query, unique visited nodes, the merge (walked nodes boost
+the raw turns they cite), the walk strategies on a consolidated store and without a graph."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -30,7 +31,7 @@ def _graph() -> Graph:
 
 
 def test_transition_follows_eq_2_in_days() -> None:
-    g, p = _graph(), WalkParams()
+    g, p = _graph(), WalkParams(cluster=True)
     sims = np.array([0.9, 0.5, 0.8, -0.2, 0.6])
     base = node_weights(g, sims, p)  # query time = the latest node (day 100)
     nb, prob = transitions(g, 0, base, p)
@@ -46,6 +47,25 @@ def test_transition_follows_eq_2_in_days() -> None:
     assert all(pv == 0 for v, pv in zip(*transitions(g, 2, base, p)) if v == 3)
 
 
+def test_default_neighbours_are_the_temporal_edges() -> None:
+    """Without `cluster` a node's neighbours are its temporal neighbours, weighted by Eq. 2."""
+    g = _graph()
+    p = WalkParams()
+    assert p.cluster is False
+    sims = np.array([0.9, 0.5, 0.8, 0.4, 0.6])
+    base = node_weights(g, sims, p)
+    for u in range(5):
+        nb, prob = transitions(g, u, base, p)
+        assert sorted(nb.tolist()) == sorted(v for v in (u - 1, u + 1) if 0 <= v < 5)
+        assert prob.sum() == pytest.approx(1.0)
+    nb, prob = transitions(g, 2, base, p)  # from day 10: node 1 (day 0) vs node 3 (day 30)
+    want = {v: sims[v] ** 1.5 * np.exp(-0.01 * (100 - g.days[v])) * np.exp(-0.02 * abs(g.days[v] - 10))
+            for v in (1, 3)}
+    for v, pv in zip(nb.tolist(), prob.tolist()):
+        assert pv == pytest.approx(want[v] / sum(want.values()))
+    assert sorted(g.neighbours(0, cluster=True)[0].tolist()) == [1, 2, 4]
+
+
 def test_walk_is_deterministic_per_query_and_unique() -> None:
     g = _graph()
     sims = np.array([0.9, 0.5, 0.8, 0.3, 0.6])
@@ -54,7 +74,10 @@ def test_walk_is_deterministic_per_query_and_unique() -> None:
     b = walk(g, sims, [0, 2], _rng("u", q))
     assert a.nodes == b.nodes and a.visits == b.visits
     assert len(a.nodes) == len(set(a.nodes)) and a.nodes[0] == 0
-    assert a.steps == 20 and sum(a.visits.values()) == 22
+    # 2 seeds × 5 walks × 10 steps; every walk start counts as a visit of its seed
+    assert a.steps == 100 and sum(a.visits.values()) == 110
+    one = walk(g, sims, [0, 2], _rng("u", q), WalkParams(walks=1, restart=0.0, cluster=True))
+    assert one.steps == 20 and sum(one.visits.values()) == 22
     assert walk(g, sims, [], _rng("u", q)).nodes == []
 
 
@@ -122,7 +145,7 @@ def test_days_between_sessions() -> None:
 
 
 def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a bonus, `hybrid-walk` ranks exactly as `hybrid`; with one, only walked nodes gain."""
+    """Without a bonus, `hybrid-walk` ranks exactly as `hybrid`; with one, no row gains more than it."""
     from retrieval import RetrievalSettings, Retriever
     from retrieval import walk as walk_mod
 
@@ -140,3 +163,73 @@ def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(store: Store, monkeypatch: py
     for it in walked.items:
         if it.id in base:
             assert base[it.id] - 1e-6 <= it.score <= base[it.id] + 0.02 + 1e-6
+
+
+def test_graph_cites_the_raw_turns_of_each_node(store: Store) -> None:
+    from retrieval import RetrievalSettings, Retriever
+    from retrieval.walk import graph_for
+
+    r = Retriever(store, RetrievalSettings(refresh_ms=0))
+    idx = r.user_index(store.users()[0])
+    g = graph_for(idx)
+    assert g is not None and g.size > 0 and len(g.cites) == g.size
+    sources = idx.meta.column("source_ids").to_pylist()
+    assert any(c.size for c in g.cites)
+    for node in range(g.size):
+        for row in g.cites[node].tolist():
+            assert idx.kinds[row] == "message"
+            assert set(sources[row]) <= set(sources[int(g.rows[node])])
+
+
+def test_expand_boosts_the_turns_cited_by_walked_nodes(store: Store) -> None:
+    """Each row gains bonus × the largest visits / max visits of a walked non-seed node citing it;
+    seeds, uncited rows and the nodes themselves keep their starting score."""
+    from retrieval import RetrievalSettings, Retriever
+    from retrieval.strategies import Query
+    from retrieval.walk import MERGE, expand, graph_for, walk_from_scores
+
+    settings = RetrievalSettings(refresh_ms=0)
+    r = Retriever(store, settings)
+    user = store.users()[0]
+    idx = r.user_index(user)
+    vec = r.embed(["what did they do on the weekend?"])[0]
+    q = Query(idx, vec, None, 5, settings, settings.kinds)
+    rows = q.rows()
+    ranked = idx.z[rows] @ vec
+    out = expand(q, rows, ranked, **MERGE)
+    assert out is not None
+    got_rows, got = out
+    g = graph_for(idx)
+    full = np.full(idx.size, -np.inf)
+    full[rows] = ranked
+    walked = walk_from_scores(idx, g, vec, full)
+    gain = {n: c for n, c in walked.visits.items() if n not in set(walked.seeds)}
+    assert gain, "the walks leave their seeds"
+    top = max(gain.values())
+    want: dict[int, float] = {}
+    for n, c in gain.items():
+        for row in g.cites[n].tolist():
+            want[row] = max(want.get(row, 0.0), MERGE["bonus"] * c / top)
+    start = dict(zip(rows.tolist(), ranked.tolist()))
+    for row, sc in zip(got_rows.tolist(), got.tolist()):
+        assert sc == pytest.approx(start[row] + want.get(row, 0.0), abs=1e-5)
+    assert q.signals["walk_boosted"] == len(want)
+    assert set(want) and all(idx.kinds[row] == "message" for row in want)
+
+
+@pytest.mark.parametrize("strategy", ["walk", "hybrid-walk"])
+def test_walk_results_are_deduplicated(store: Store, strategy: str) -> None:
+    """No returned memory cites only messages already cited above it."""
+    from retrieval import RetrievalSettings, Retriever
+    from retrieval.context import is_profile
+
+    r = Retriever(store, RetrievalSettings(refresh_ms=0))
+    user = store.users()[0]
+    for text in ("what did they do on the weekend?", "work", "family and friends"):
+        res = r.retrieve(user, text, k=8, strategy=strategy)
+        seen: set[str] = set()
+        for it in res.items:
+            if is_profile(it) or not it.source_ids:
+                continue
+            assert set(it.source_ids) - seen
+            seen |= set(it.source_ids)
