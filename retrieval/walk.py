@@ -199,6 +199,11 @@ class Walked:
     reach: dict[int, float] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=list)
 
+    def ranked(self) -> list[int]:
+        """The unique visited nodes, most visited first (first visit breaks ties)."""
+        first = {n: i for i, n in enumerate(self.nodes)}
+        return sorted(self.nodes, key=lambda n: (-self.visits[n], first[n]))
+
 
 def node_weights(graph: Graph, sims: np.ndarray, params: WalkParams | None = None,
                  now_days: float | None = None) -> np.ndarray:

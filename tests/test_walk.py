@@ -76,6 +76,9 @@ def test_walk_is_deterministic_per_query_and_unique() -> None:
     assert len(a.nodes) == len(set(a.nodes)) and a.nodes[0] == 0
     # 2 seeds × 5 walks × 10 steps; every walk start counts as a visit of its seed
     assert a.steps == 100 and sum(a.visits.values()) == 110
+    ranked = a.ranked()
+    assert sorted(ranked) == sorted(a.nodes)
+    assert [a.visits[n] for n in ranked] == sorted(a.visits.values(), reverse=True)
     one = walk(g, sims, [0, 2], _rng("u", q), WalkParams(walks=1, restart=0.0, cluster=True))
     assert one.steps == 20 and sum(one.visits.values()) == 22
     assert walk(g, sims, [], _rng("u", q)).nodes == []
