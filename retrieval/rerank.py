@@ -206,6 +206,19 @@ class Example:
     prior: np.ndarray
     shown: np.ndarray
     reward: np.ndarray
+    #: each candidate's source ids when the base strategy deduplicates (`Query.deduped`): a candidate
+    #: whose sources the items shown before it all cite could not have been shown after them
+    sources: list[list[str]] | None = None
+
+
+def _uncovered(ex: Example, remaining: np.ndarray, seen: set[str]) -> None:
+    """Drop from `remaining` the candidates whose every source is in `seen` (deduplicated lists)."""
+    if ex.sources is None:
+        return
+    for j in np.flatnonzero(remaining).tolist():
+        src = ex.sources[j]
+        if src and set(src) <= seen:
+            remaining[j] = False
 
 
 def _pl_grad(model: Reranker, ex: Example, shown: Sequence[int], adv: np.ndarray,
@@ -215,6 +228,7 @@ def _pl_grad(model: Reranker, ex: Example, shown: Sequence[int], adv: np.ndarray
     mp = ex.m + ex.m @ model.wm.T
     z = (mp @ qp + ex.prior) / cfg.temperature
     remaining = np.ones(z.shape[0], dtype=bool)
+    seen: set[str] = set()
     g = np.zeros_like(z)
     loss = 0.0
     for pos, a in zip(shown, adv):
@@ -228,6 +242,9 @@ def _pl_grad(model: Reranker, ex: Example, shown: Sequence[int], adv: np.ndarray
             g += a * p                  # d(-a log p_pos)/dz = -a (onehot - p)
             g[pos] -= a
         remaining[pos] = False
+        if ex.sources is not None:
+            seen |= set(ex.sources[pos] or [])
+            _uncovered(ex, remaining, seen)
     g /= cfg.temperature                # dL/ds
     g_wq = np.outer(mp.T @ g, ex.q)
     g_wm = np.outer(qp, ex.m.T @ g)
@@ -241,7 +258,8 @@ def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig,
     The shown items are the policy's sample without replacement, in order (Plackett-Luce over
     softmax(s / τ), which Gumbel-top-M sampling draws from), so
     log P(shown) = Σ_k z_{i_k} − log Σ_{j not yet shown} exp(z_j), z = s / τ, and each step is
-    weighted by its own item's advantage R − b.
+    weighted by its own item's advantage R − b. For a deduplicating base strategy (`ex.sources`)
+    the candidates covered by the items shown so far leave the sum too, as they left the sample.
 
     With `cfg.samples` = S > 0 the lists are instead S fresh Gumbel top-M samples of the current
     policy over the whole top-K pool (the paper's online sampling, replayed): a sampled item that was
@@ -253,7 +271,12 @@ def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig,
     known[ex.shown] = adv
     loss, gq, gm = 0.0, 0.0, 0.0
     for _ in range(cfg.samples):
-        order, _ = model.sample(ex.q, ex.m, ex.prior, min(cfg.top_m, ex.m.shape[0]), rng, cfg.temperature)
+        order, _ = model.sample(ex.q, ex.m, ex.prior, ex.m.shape[0], rng, cfg.temperature)
+        if ex.sources is not None:
+            from retrieval.strategies import novel_order
+
+            order = novel_order(ex.sources, order, cfg.top_m)
+        order = order[:cfg.top_m]
         l, a, b = _pl_grad(model, ex, order, known[order], cfg)
         loss, gq, gm = loss + l / cfg.samples, gq + a / cfg.samples, gm + b / cfg.samples
     return loss, np.asarray(gq), np.asarray(gm)
@@ -360,8 +383,10 @@ def id_positions(index: Any) -> dict[str, int]:
 
 
 def candidates(retriever: Any, user_id: str, qvec: np.ndarray, text: str | None,
-               top_k: int, strategy: str | None = None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """The base strategy's top-K for a query: ids, vectors (K, d), prior (base − cosine) and rows."""
+               top_k: int, strategy: str | None = None
+               ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[list[str]] | None]:
+    """The base strategy's top-K for a query: ids, vectors (K, d), prior (base − cosine), rows, and
+    the source ids of each when the strategy deduplicates sources (else None)."""
     index = retriever.user_index(user_id)
     res = retriever.retrieve(user_id, qvec, k=min(top_k, retriever.settings.max_k), strategy=strategy,
                              text=text, rerank=False)
@@ -369,7 +394,8 @@ def candidates(retriever: Any, user_id: str, qvec: np.ndarray, text: str | None,
     rows = np.asarray([pos[it.id] for it in res.items], dtype=np.int64)
     m = index.z[rows]
     base = np.asarray([it.score for it in res.items], dtype=np.float32)
-    return [it.id for it in res.items], m, base - m @ qvec, rows
+    sources = [list(it.source_ids) for it in res.items] if res.deduped else None
+    return [it.id for it in res.items], m, base - m @ qvec, rows, sources
 
 
 def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: TrainConfig,
@@ -381,7 +407,7 @@ def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: 
         user = r["user_id"]
         qvec = r.get("query_vector")
         qvec = retriever.embed([r["query"]])[0] if qvec is None else np.asarray(qvec, dtype=np.float32)
-        ids, m, prior, _ = candidates(retriever, user, qvec, r["query"], cfg.top_k, strategy)
+        ids, m, prior, _, sources = candidates(retriever, user, qvec, r["query"], cfg.top_k, strategy)
         pos = {v: i for i, v in enumerate(ids)}
         extra = [s for s in r["shown_ids"] if s not in pos]
         if extra:
@@ -391,6 +417,9 @@ def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: 
             if extra:
                 m = np.concatenate([m, index.z[[where[s] for s in extra]]])
                 prior = np.concatenate([prior, np.zeros(len(extra), np.float32)])
+                if sources is not None:
+                    src = index.meta.column("source_ids").take([where[s] for s in extra]).to_pylist()
+                    sources = sources + [list(x or []) for x in src]
                 for s in extra:
                     pos[s] = len(pos)
         shown = [pos[s] for s in r["shown_ids"] if s in pos]
@@ -398,7 +427,7 @@ def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: 
             continue
         cited = set(r["cited_ids"] or [])
         reward = np.asarray([1.0 if s in cited else -1.0 for s in r["shown_ids"] if s in pos])
-        out.append(Example(qvec, m, prior.astype(np.float32), np.asarray(shown), reward))
+        out.append(Example(qvec, m, prior.astype(np.float32), np.asarray(shown), reward, sources))
     return out
 
 

@@ -21,7 +21,7 @@ from memory.settings import Settings
 from memory.store import Store
 from retrieval.index import IndexCache, UserIndex
 from retrieval.settings import RetrievalSettings
-from retrieval.strategies import DEDUPED, STRATEGIES, Query, novel_order, profile_row
+from retrieval.strategies import STRATEGIES, Query, novel_order, profile_row
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class RetrievalResult:
     signals: dict[str, Any] = field(default_factory=dict)
     #: the user's MemWeaver global profile, when consolidation wrote one (context, not ranked evidence)
     profile: RetrievedItem | None = None
+    #: no item cites only messages that items above it already cite (the hybrid strategies, the walk)
+    deduped: bool = False
 
     @property
     def ids(self) -> list[str]:
@@ -77,7 +79,7 @@ class RetrievalResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"user_id": self.user_id, "query": self.query, "strategy": self.strategy, "k": self.k,
-                "route": self.route, "signals": self.signals, "items": [it.to_dict() for it in self.items],
+                "route": self.route, "deduped": self.deduped, "signals": self.signals, "items": [it.to_dict() for it in self.items],
                 "profile": self.profile.to_dict() if self.profile else None}
 
 
@@ -137,7 +139,8 @@ class Retriever:
         for the lexical channel). Unknown users get no items; other users' rows are never read.
 
         `rerank` (default: settings.rerank) applies the latest RMM reranker: the strategy's top
-        `rerank_top_k` candidates are re-scored and the top k (default `rerank_top_m`) returned."""
+        `rerank_top_k` candidates are re-scored and the top k (default `rerank_top_m`) returned;
+        fewer when the strategy deduplicates sources and reordering left some candidates covered."""
         user_id = validate_user_id(user_id)
         s = self.settings
         name = strategy or s.default_strategy
@@ -172,8 +175,9 @@ class Retriever:
         rows, scores, route = fn(q)
         if do_rerank:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
-                                        dedupe=s.dedupe_sources and name in DEDUPED)
+                                        dedupe=q.deduped)
         result.route = route
+        result.deduped = q.deduped
         result.items = [_item(r, sc) for r, sc in zip(index.rows(rows), scores.tolist())]
         p = index.memo("profile-row", lambda: profile_row(index))
         if p is not None:

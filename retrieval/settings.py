@@ -61,8 +61,9 @@ class RetrievalSettings(BaseSettings):
         default_factory=lambda: {"message": 0.0, "fragment": 0.0, "insight": -0.1, "summary": -0.05,
                                  "topic": 0.0},
         description="additive score prior per memory kind (hybrid strategies)")
-    dedupe_sources: bool = Field(True, description="hybrid strategies skip memories whose every source "
-                                 "message is already cited above them")
+    dedupe_sources: bool = Field(True, description="the hybrid strategies and the walk skip memories whose "
+                                 "every source message is already cited above them (so does the "
+                                 "reranker after reordering their candidates)")
     calibration_samples: int = Field(256, ge=8, description="memories used as pseudo-queries to calibrate")
     calib_high_q: float = Field(0.75, description="θ_high = this quantile of the store's probe means")
     calib_low_q: float = Field(0.25, description="θ_low = this quantile of the store's probe means")

@@ -43,6 +43,8 @@ class Query:
     settings: RetrievalSettings
     kinds: tuple[str, ...]
     signals: dict[str, Any] = field(default_factory=dict)
+    #: set by `_novel`: the ranking skipped memories adding no new source, and a reranker keeps that
+    deduped: bool = False
 
     def rows(self, kinds: tuple[str, ...] | None = None) -> np.ndarray:
         """Row numbers of the searched kinds (all rows when every kind is searched)."""
@@ -87,6 +89,7 @@ def _novel(q: Query, rows: np.ndarray, scores: np.ndarray) -> Result:
     whose every source is already covered adds no new evidence (e.g. a fragment below its turn)."""
     sources = q.index.meta.column("source_ids").take(rows).to_pylist()
     idx = novel_order(sources, np.arange(len(sources)), q.k)
+    q.deduped = True
     q.signals["skipped_redundant"] = int(len(rows) - idx.size) if idx.size < q.k else 0
     return rows[idx], scores[idx], None
 
@@ -197,11 +200,6 @@ STRATEGIES.update({
     "rfmem-walk": _walk(gate=True, fused=False),
     "rfmem-hybrid-walk": _walk(gate=True, fused=True),
 })
-
-
-#: strategies whose ranking skips memories adding no new source (`settings.dedupe_sources`); the
-#: reranker keeps that guarantee after it reorders their candidates
-DEDUPED = frozenset({"hybrid", "rfmem-hybrid", "calibrated", "walk", "hybrid-walk", "rfmem-hybrid-walk"})
 
 
 def novel_order(sources: list[list[str] | None], order: np.ndarray, k: int) -> np.ndarray:

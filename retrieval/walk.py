@@ -149,6 +149,7 @@ def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> G
                 continue
             temporal[a].append((b, float(gap)))
             temporal[b].append((a, float(gap)))
+        temporal = [sorted(t) for t in temporal]   # neighbour order (and so the walk) independent of row order
     graph = Graph(rows, day, cluster, members, temporal, {int(r): i for i, r in enumerate(rows.tolist())})
     graph.cites = _cited_messages(index, rows)
     return graph
@@ -244,17 +245,17 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
     order: list[int] = []
     visits: dict[int, int] = {}
     reach: dict[int, float] = {}
-    cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}   # u -> (neighbours, cumulative P, S)
     seed_set = set(seeds)
     taken = 0
 
     def step_from(u: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(neighbours, P(u→v), S(u→v)) of u, computed once per walk."""
+        """(neighbours, cumulative P(u→v), S(u→v)) of u, computed once per walk."""
         if u not in cache:
             nb, gap = graph.neighbours(u, params.cluster)
             w = base[nb] * np.exp(-params.lam2 * gap) if nb.size else np.zeros(0)
             total = float(w.sum())
-            cache[u] = (nb, w / total, w) if total > 0.0 else (np.zeros(0, np.int64), w, w)
+            cache[u] = (nb, np.cumsum(w / total), w) if total > 0.0 else (np.zeros(0, np.int64), w, w)
         return cache[u]
 
     for seed in seeds:
@@ -266,10 +267,11 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
             for _ in range(params.steps):
                 if params.restart > 0.0 and u != seed and rng.random() < params.restart:
                     u = seed
-                nb, p, s = step_from(u)
+                nb, cum, s = step_from(u)
                 if nb.size == 0:
                     break
-                j = int(rng.choice(nb.size, p=p))
+                # inverse-CDF draw: what rng.choice(p=...) does, without its per-call checks (~10 µs)
+                j = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), nb.size - 1)
                 u = int(nb[j])
                 taken += 1
                 if u not in visits:
@@ -282,11 +284,15 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
 
 def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_scores: np.ndarray,
                      params: WalkParams | None = None) -> Walked:
-    """Walk from the `params.seeds` graph nodes best by `row_scores` (one score per index row)."""
+    """Walk from the `params.seeds` graph nodes best by `row_scores` (one score per index row); nodes
+    scored −inf (not searched) are never seeds, and with none left there is no walk."""
     params = params or PARAMS
-    sims = index.z[graph.rows] @ vector
-    seed_order = np.argsort(-row_scores[graph.rows], kind="stable")[: params.seeds]
-    return walk(graph, sims, [int(s) for s in seed_order], _rng(index.user_id, vector), params)
+    z = index.memo("memweaver-graph-z", lambda: np.ascontiguousarray(index.z[graph.rows]))
+    sims = z @ vector
+    scores = row_scores[graph.rows]
+    cand = np.flatnonzero(np.isfinite(scores))
+    seeds = cand[np.argsort(-scores[cand], kind="stable")[: params.seeds]]
+    return walk(graph, sims, [int(s) for s in seeds], _rng(index.user_id, vector), params)
 
 
 # -- strategies -------------------------------------------------------------------------------------
@@ -303,7 +309,8 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
            ) -> tuple[np.ndarray, np.ndarray] | None:
     """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
 
-    Walks start from the graph nodes best by `ranked` (the score of each row of `rows`). Every row
+    Walks start from the graph nodes best by `ranked` (the score of each row of `rows`, index rows in
+    ascending order as `Query.rows` gives them). Every row
     keeps its `ranked` score; the targets of a walked node (with `cite` the raw messages it cites,
     with `own` the node's own row) gain `bonus` × its gain (see `MERGE`), a row reached through
     several nodes the largest of theirs. So the turns next to the top hits in their conversation,
@@ -318,7 +325,6 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
     full[rows] = ranked
     walked = walk_from_scores(index, graph, q.vector, full, params)
     q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes))
-    pos = {int(r): i for i, r in enumerate(rows.tolist())}
     score = np.asarray(ranked, dtype=np.float64).copy()
     if by == "visits":
         gain: dict[int, float] = {n: float(c) for n, c in walked.visits.items()}
@@ -333,9 +339,11 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
         targets = graph.cites[node].tolist() if cite and graph.cites else []
         if own:
             targets.append(int(graph.rows[node]))
-        for r in targets:
-            i = pos.get(r)
-            if i is not None:
+        if not targets:
+            continue
+        at = np.searchsorted(rows, targets)         # `rows` ascend (Query.rows); unsearched targets miss
+        for r, i in zip(targets, at.tolist()):
+            if i < rows.size and int(rows[i]) == r:
                 add[i] = max(add.get(i, 0.0), bonus * g / top)
     for i, x in add.items():
         score[i] += x

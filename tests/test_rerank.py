@@ -27,9 +27,12 @@ def _example(rng: np.random.Generator, k: int = 8) -> Example:
     return Example(q.astype(np.float32), m.astype(np.float32), np.zeros(k, np.float32), shown, reward)
 
 
-def test_gradient_matches_finite_differences() -> None:
+@pytest.mark.parametrize("deduped", [False, True])
+def test_gradient_matches_finite_differences(deduped: bool) -> None:
     rng = np.random.default_rng(1)
     ex = _example(rng)
+    if deduped:      # candidate 5 is covered once 0 and 1 are shown, 6 once 2 is
+        ex.sources = [["a"], ["b"], ["c"], ["d"], ["e"], ["a", "b"], ["c"], ["f"]]
     model = Reranker(rng.standard_normal((DIM, DIM)) * 0.1, rng.standard_normal((DIM, DIM)) * 0.1)
     cfg = TrainConfig()
     _, gq, gm = _loss_grad(model, ex, cfg, np.random.default_rng(7))
@@ -44,6 +47,23 @@ def test_gradient_matches_finite_differences() -> None:
             down = _loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
             w[i, j] = old
             assert abs((up - down) / (2 * eps) - grad[i, j]) < 1e-4 * max(1.0, abs(grad[i, j]))
+
+
+def test_covered_candidates_leave_the_plackett_luce_denominator() -> None:
+    """With a deduplicating base strategy, log P(shown) sums over the candidates still showable."""
+    from retrieval.rerank import _pl_grad
+
+    z = np.array([2.0, 1.0, 0.5, 0.0, 1.5])
+    ex = Example(np.zeros(DIM, np.float32), np.zeros((5, DIM), np.float32), z.astype(np.float32),
+                 np.array([0, 2]), np.array([1.0, 1.0]), sources=[["a"], ["a"], ["b"], ["c"], ["a", "b"]])
+    cfg = TrainConfig(temperature=1.0, baseline=0.0)
+    loss, _, _ = _pl_grad(Reranker.identity(DIM), ex, ex.shown, np.array([1.0, 1.0]), cfg)
+    # step 1 over all five; step 2 without 0 (shown) and 1 (its only source "a" is shown)
+    want = -(z[0] - np.log(np.exp(z).sum())) - (z[2] - np.log(np.exp(z[[2, 3, 4]]).sum()))
+    assert loss == pytest.approx(want)
+    ex.sources = None
+    plain, _, _ = _pl_grad(Reranker.identity(DIM), ex, ex.shown, np.array([1.0, 1.0]), cfg)
+    assert plain == pytest.approx(-(z[0] - np.log(np.exp(z).sum())) - (z[2] - np.log(np.exp(z[1:]).sum())))
 
 
 def test_training_moves_cited_items_up() -> None:

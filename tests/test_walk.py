@@ -160,12 +160,13 @@ def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(store: Store, monkeypatch: py
     flat = r.retrieve(user, text, k=5, strategy="hybrid-walk")
     assert [it.id for it in flat.items] == [it.id for it in hyb.items]
     assert flat.route == "recollection" and flat.signals["walk_steps"] > 0
-    monkeypatch.setitem(walk_mod.MERGE, "bonus", 0.02)
+    monkeypatch.undo()
+    bonus = walk_mod.MERGE["bonus"]
     walked = r.retrieve(user, text, k=5, strategy="hybrid-walk")
     base = {it.id: it.score for it in hyb.items}
     for it in walked.items:
         if it.id in base:
-            assert base[it.id] - 1e-6 <= it.score <= base[it.id] + 0.02 + 1e-6
+            assert base[it.id] - 1e-6 <= it.score <= base[it.id] + bonus + 1e-6
 
 
 def test_graph_cites_the_raw_turns_of_each_node(store: Store) -> None:
@@ -236,3 +237,17 @@ def test_walk_results_are_deduplicated(store: Store, strategy: str) -> None:
                 continue
             assert set(it.source_ids) - seen
             seen |= set(it.source_ids)
+
+
+def test_walk_never_seeds_from_unsearched_kinds(store: Store) -> None:
+    """Searching raw turns only (no graph node searched): no seeds, no walk, the cosine ranking."""
+    from retrieval import RetrievalSettings, Retriever
+
+    r = Retriever(store, RetrievalSettings(refresh_ms=0))
+    user = store.users()[0]
+    text = "what did they do on the weekend?"
+    res = r.retrieve(user, text, k=5, strategy="walk", kinds=["message"])
+    dense = r.retrieve(user, text, k=5, strategy="familiarity", kinds=["message"])
+    assert res.signals["walk_steps"] == 0 and res.signals["walk_boosted"] == 0
+    assert {it.kind for it in res.items} == {"message"}
+    assert [it.id for it in res.items] == [it.id for it in dense.items]
