@@ -63,6 +63,13 @@ def simulate_feedback(r: Retriever, questions: list[dict[str, Any]], vecs: np.nd
 
 def _recall(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx: Sequence[int], k: int,
             strategy: str | None, **kw: Any) -> tuple[float, list[float]]:
+    vals, ms = _recalls(r, questions, vecs, idx, k, strategy, **kw)
+    return float(np.mean(vals)) if vals else float("nan"), ms
+
+
+def _recalls(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx: Sequence[int], k: int,
+             strategy: str | None, **kw: Any) -> tuple[list[float], list[float]]:
+    """Per-question Recall@k and the in-retrieve reranking times."""
     vals, ms = [], []
     for i in idx:
         q = questions[i]
@@ -70,7 +77,7 @@ def _recall(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, idx
         vals.append(recall_at(res.items, q["evidence"], k))
         if "rerank_ms" in res.signals.get("timings", {}):
             ms.append(res.signals["timings"]["rerank_ms"])
-    return float(np.mean(vals)) if vals else float("nan"), ms
+    return vals, ms
 
 
 KINDS = ("message", "fragment", "insight", "topic", "summary")
@@ -135,6 +142,16 @@ def ceilings(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, tr
     return {k: float(np.mean(v)) if v else float("nan") for k, v in out.items()}
 
 
+def paired_ci(before: Sequence[float], after: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % bootstrap interval of the mean per-question difference after − before."""
+    d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    if d.size == 0:
+        return float("nan"), float("nan")
+    means = d[np.random.default_rng(seed).integers(0, d.size, size=(n, d.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
     model, _ = load_latest(r.store, key)
     if model is None:
@@ -189,8 +206,10 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
                      f"training {time.perf_counter() - t0:.1f}s")
         lines += ["  " + rep.summary() for rep in reports]
 
-        before, _ = _recall(r, questions, vecs, test_idx, 5, name, rerank=False)
-        after, ms = _recall(r, questions, vecs, test_idx, 5, name, rerank=True)
+        per_before, _ = _recalls(r, questions, vecs, test_idx, 5, name, rerank=False)
+        per_after, ms = _recalls(r, questions, vecs, test_idx, 5, name, rerank=True)
+        before, after = float(np.mean(per_before)), float(np.mean(per_after))
+        lo, hi = paired_ci(per_before, per_after)
         key = scope_key(scope, questions[0]["user"]) if scope != GLOBAL else GLOBAL
         bare = _bare_latency(r, key, st.dim)
         lines.append("")
@@ -198,7 +217,7 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
         lines.append("|---|---|")
         lines.append(f"| {name} | {before:.3f} |")
         lines.append(f"| {name} + reranker (top-20 -> top-5) | {after:.3f} |")
-        lines.append(f"| delta | {after - before:+.3f} |")
+        lines.append(f"| delta | {after - before:+.3f} (95 % paired bootstrap {lo:+.3f} to {hi:+.3f}) |")
         lines.append(f"reranking 20 candidates: median {np.median(ms) if ms else float('nan'):.3f} ms in retrieve "
                      f"(p99 {np.percentile(ms, 99) if ms else float('nan'):.3f} ms), bare scoring median {bare:.3f} ms")
 

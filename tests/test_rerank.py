@@ -195,3 +195,20 @@ def test_reranked_hybrid_results_keep_every_item_novel(retriever: Retriever) -> 
     for it in res.items:
         assert set(it.source_ids) - seen, f"{it.id} cites only sources already shown above it"
         seen |= set(it.source_ids)
+
+
+def test_bench_ceilings_bound_the_base_and_the_interval_is_paired(retriever: Retriever) -> None:
+    from retrieval.bench_rerank import ceilings, paired_ci
+
+    asks = [("what is my dog called?", "alice:D1:1"), ("where did I go hiking?", "alice:D1:0"),
+            ("what pet did we adopt?", "alice:D1:4"), ("which band do I like?", "alice:D1:5"),
+            ("what do I paint?", "alice:D1:2"), ("how is work going?", "alice:D1:3")]
+    questions = [{"user": "alice", "question": q, "evidence": {e}} for q, e in asks]
+    vecs = retriever.embed([q for q, _ in asks])
+    c = ceilings(retriever, questions, vecs, [0, 1, 2], [3, 4, 5], "rfmem-hybrid")
+    assert set(c) == {"base", "oracle", "supervised", "supervised_per_source"}
+    assert all(0.0 <= v <= 1.0 for v in c.values())
+    assert c["oracle"] == 1.0 and c["oracle"] >= c["base"]      # every evidence turn is a candidate here
+    assert paired_ci([0.2, 0.4, 0.6], [0.3, 0.5, 0.7]) == pytest.approx((0.1, 0.1))
+    lo, hi = paired_ci([0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0])
+    assert lo < 0.0 < hi
