@@ -302,6 +302,8 @@ def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_sco
 #: top node's targets gain; the targets are the raw messages a walked node cites (`cite`) and/or the
 #: node itself (`own`). Chosen on the LoCoMo dev split (module docstring, bench/RESULTS.md).
 MERGE = {"by": "walked", "bonus": 0.1, "cite": True, "own": False}
+#: how many of the walk's unique visited nodes, most visited first, `signals["walk_nodes"]` lists by id
+WALK_NODES_SHOWN = 50
 
 
 def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams | None = None,
@@ -324,7 +326,9 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
     full = np.full(index.size, -np.inf, dtype=np.float64)
     full[rows] = ranked
     walked = walk_from_scores(index, graph, q.vector, full, params)
-    q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes))
+    visited = [int(graph.rows[n]) for n in walked.ranked()[:WALK_NODES_SHOWN]]
+    q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes),
+                     walk_nodes=index.meta.column("id").take(visited).to_pylist() if visited else [])
     score = np.asarray(ranked, dtype=np.float64).copy()
     if by == "visits":
         gain: dict[int, float] = {n: float(c) for n, c in walked.visits.items()}

@@ -218,6 +218,8 @@ def test_expand_boosts_the_turns_cited_by_walked_nodes(store: Store) -> None:
     for row, sc in zip(got_rows.tolist(), got.tolist()):
         assert sc == pytest.approx(start[row] + want.get(row, 0.0), abs=1e-5)
     assert q.signals["walk_boosted"] == len(want)
+    ids = idx.meta.column("id").to_pylist()
+    assert q.signals["walk_nodes"] == [ids[int(g.rows[n])] for n in walked.ranked()]
     assert set(want) and all(idx.kinds[row] == "message" for row in want)
 
 
