@@ -172,21 +172,10 @@ class IndexCache:
         self._versions: tuple[int, ...] | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
-        self._handles: dict[str, Any] = {}
 
     def versions(self) -> tuple[int, ...]:
-        """Latest version of every memory table (0 when missing), through our own read handles."""
-        out = []
-        for name in schemas.MEMORY_TABLES.values():
-            handle = self._handles.get(name)
-            if handle is None:
-                if not self.store.has_table(name):
-                    out.append(0)
-                    continue
-                handle = self._handles[name] = self.store.db.open_table(name)
-            handle.checkout_latest()
-            out.append(int(handle.version))
-        return tuple(out)
+        """Latest version of every memory table (0 when missing)."""
+        return tuple(self.store.version(name) for name in schemas.MEMORY_TABLES.values())
 
     def check(self, force: bool = False) -> None:
         """Re-read table versions when `refresh_ms` passed; drop every user when one moved."""
