@@ -134,10 +134,17 @@ class Reranker:
 
 
 # -- storage ----------------------------------------------------------------------------------------
-def _rows(store: Store, key: str) -> list[dict[str, Any]]:
+#: the `rerankers` columns but the weights blob (2·d² floats, 1.2 MB at d = 384): read one version's
+#: weights only when it is the one loaded
+_META = ["id", "version", "scope", "user_id", "created_at", "dim", "sha256", "feedback_until", "metrics_json",
+         "run_id"]
+
+
+def _rows(store: Store, key: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """The versions of a scope, newest first, without their weights."""
     if not store.has_table("rerankers"):
         return []
-    t = store.read("rerankers", where=col("scope") == lit(key))
+    t = store.read("rerankers", where=col("scope") == lit(key), columns=columns or _META)
     return sorted(t.to_pylist(), key=lambda r: -int(r["version"] or 0))
 
 
@@ -145,7 +152,8 @@ def load_latest(store: Store, key: str = GLOBAL) -> tuple[Reranker | None, dict[
     """The newest valid version of a scope and its row; corrupt versions are skipped with a warning."""
     for row in _rows(store, key):
         try:
-            raw = row["weights"] or b""
+            weights = store.read_ids("rerankers", [row["id"]], columns=["weights"]).column("weights")
+            raw = row["weights"] = (weights[0].as_py() if len(weights) else None) or b""
             if hashlib.sha256(raw).hexdigest() != row["sha256"]:
                 raise ValueError("checksum mismatch")
             if int(row["dim"] or 0) != store.dim:
@@ -159,7 +167,7 @@ def load_latest(store: Store, key: str = GLOBAL) -> tuple[Reranker | None, dict[
 def save_version(store: Store, model: Reranker, key: str, *, feedback_until: datetime,
                  metrics: dict[str, Any], run_id: str = "") -> int:
     """Write the next version of a scope; returns its number."""
-    rows = _rows(store, key)
+    rows = _rows(store, key, columns=["version"])
     version = (int(rows[0]["version"]) if rows else 0) + 1
     raw = model.to_bytes()
     user = key.split(":", 1)[1] if key.startswith("user:") else None
@@ -462,10 +470,13 @@ def train_reranker(retriever: Any, *, scope: str = GLOBAL, cfg: TrainConfig | No
     else:
         users = sorted(set(read_feedback(store, columns=["user_id"]).column("user_id").to_pylist()))
         groups = {scope_key("user", u): u for u in users}
+    start: list[Reranker | None] = []               # the global version a user's first one starts from
     for key, user in groups.items():
         init, row = load_latest(store, key)
         if init is None and key != GLOBAL:
-            init, _ = load_latest(store, GLOBAL)      # a user's first version starts from the global one
+            if not start:
+                start.append(load_latest(store, GLOBAL)[0])
+            init = start[0]
         since = row["feedback_until"] if row is not None else EPOCH
         t = read_feedback(store, user)
         if t.num_rows:
