@@ -45,7 +45,7 @@ class UserIndex:
     store: Store | None = None             # where it was read from (the MemWeaver walk loads its graph)
     _lexical: BM25Index | None = None
     _extra: dict[str, Any] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.RLock = field(default_factory=threading.RLock)   # a memo may build from another memo
 
     @property
     def size(self) -> int:
@@ -64,6 +64,10 @@ class UserIndex:
             if key not in self._extra:
                 self._extra[key] = build()
             return self._extra[key]
+
+    def row_of_id(self) -> dict[str, int]:
+        """memory id -> row, built on first use (feedback validation, reranker candidates, the graph)."""
+        return self.memo("row_of_id", lambda: {v: i for i, v in enumerate(self.meta.column("id").to_pylist())})
 
     def turns(self) -> dict[str, str]:
         """message_id -> "speaker: text" of every turn of the user, built on first use."""

@@ -385,11 +385,6 @@ def train(examples: Sequence[Example], dim: int, init: Reranker | None = None,
     return model, metrics
 
 
-def id_positions(index: Any) -> dict[str, int]:
-    """memory id -> row of a user index (built once per index)."""
-    return index.memo("id_pos", lambda: {v: i for i, v in enumerate(index.meta.column("id").to_pylist())})
-
-
 def candidates(retriever: Any, user_id: str, qvec: np.ndarray, text: str | None,
                top_k: int, strategy: str | None = None
                ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[list[str]] | None]:
@@ -398,7 +393,7 @@ def candidates(retriever: Any, user_id: str, qvec: np.ndarray, text: str | None,
     index = retriever.user_index(user_id)
     res = retriever.retrieve(user_id, qvec, k=min(top_k, retriever.settings.max_k), strategy=strategy,
                              text=text, rerank=False)
-    pos = id_positions(index)
+    pos = index.row_of_id()
     rows = np.asarray([pos[it.id] for it in res.items], dtype=np.int64)
     m = index.z[rows]
     base = np.asarray([it.score for it in res.items], dtype=np.float32)
@@ -420,7 +415,7 @@ def examples_from_feedback(retriever: Any, rows: Sequence[dict[str, Any]], cfg: 
         extra = [s for s in r["shown_ids"] if s not in pos]
         if extra:
             index = retriever.user_index(user)
-            where = id_positions(index)
+            where = index.row_of_id()
             extra = [s for s in extra if s in where]
             if extra:
                 m = np.concatenate([m, index.z[[where[s] for s in extra]]])

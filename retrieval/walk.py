@@ -127,8 +127,7 @@ class Graph:
 
 def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> Graph:
     """The graph of stored rows, restricted to nodes the index holds (memories with a vector)."""
-    ids = index.meta.column("id").to_pylist()
-    row_of = {i: r for r, i in enumerate(ids)}
+    row_of = index.row_of_id()
     if nodes.height:
         nodes = nodes.sort("seq").filter(pl.col("node_id").is_in(list(row_of)))
     if nodes.height == 0:
