@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timezone
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -71,11 +71,12 @@ class FeedbackLog:
         self._lock = threading.Lock()
 
     def record(self, user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequence[str], *,
-               known_ids: Collection[str], query_vector: np.ndarray | None = None,
+               known_ids: Collection[str], embed: Callable[[str], np.ndarray] | None = None,
                reranker_version: int | None = None, max_query_chars: int = 4000) -> dict[str, Any]:
+        """Validate, then write one record; `embed` (query -> vector) runs only for a valid record."""
         user_id, shown, cited = validate(user_id, query, shown_ids, cited_ids, known_ids, max_query_chars)
         row = {"id": feedback_id(user_id, query, shown, cited), "user_id": user_id, "query": query,
-               "query_vector": None if query_vector is None else np.asarray(query_vector, dtype=np.float32),
+               "query_vector": None if embed is None else np.asarray(embed(query), dtype=np.float32),
                "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,
                "created_at": datetime.now(timezone.utc)}
         with self._lock:

@@ -19,7 +19,9 @@ from memory.errors import ConfigError
 from memory.ids import validate_user_id
 from memory.settings import Settings
 from memory.store import Store
+from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
+from retrieval.rerank import GLOBAL, Reranker, RerankerCache, scope_key
 from retrieval.settings import RetrievalSettings
 from retrieval.strategies import STRATEGIES, Query, novel_order, profile_row
 
@@ -95,8 +97,11 @@ class Retriever:
         s = self.settings
         self.cache = IndexCache(store, s.refresh_ms,
                                 lexical=(s.bm25_k1, s.bm25_b) if s.lexical_weight > 0 else None)
-        self._rmm: dict[str, Any] = {}
-        self._rmm_lock = threading.Lock()
+        self._rerankers = RerankerCache(store, s.refresh_ms)
+        self._feedback = FeedbackLog(store)
+        self._explore_rng = np.random.default_rng(s.rerank_seed)   # Gumbel noise of `rerank_explore`
+        self._explore_lock = threading.Lock()
+        self._warned_no_reranker = False
         if self.settings.default_strategy not in STRATEGIES:
             raise UnknownStrategyError(self.settings.default_strategy)
 
@@ -192,38 +197,29 @@ class Retriever:
         """Top-M of the candidates by the latest reranker (retrieval.rerank); base order without one.
         With `dedupe` a candidate whose every source a higher-reranked one already cites is skipped,
         as the base strategy skipped it in its own order."""
-        from retrieval.rerank import GLOBAL, Reranker, RerankerCache, scope_key
-
         t0 = time.perf_counter()
-        with self._rmm_lock:
-            cache = self._rmm.get("rerankers")
-            if cache is None:
-                cache = self._rmm["rerankers"] = RerankerCache(self.store, self.settings.refresh_ms)
+        cache = self._rerankers
         model = cache.get(scope_key("user", user_id)) if self.settings.rerank_scope == "user" else None
         model = model or cache.get(GLOBAL)
         explore = self.settings.rerank_explore
         if model is None and explore:
             model = Reranker.identity(vec.shape[0])
         if model is None or model.dim != vec.shape[0]:
-            if not self._rmm.get("warned"):
+            if not self._warned_no_reranker:
                 log.warning("rerank asked but no valid reranker version is stored: keeping the base order")
-                self._rmm["warned"] = True
+                self._warned_no_reranker = True
             signals["reranker"] = None
             return rows[:top_m], scores[:top_m]
         m = index.z[rows]
         prior = scores.astype(np.float32) - m @ vec
         if explore:
-            with self._rmm_lock:
-                rng = self._rmm.setdefault("rng", np.random.default_rng(self.settings.rerank_seed))
-                order, sc = model.sample(vec, m, prior, rows.size, rng)
+            with self._explore_lock:
+                order, sc = model.sample(vec, m, prior, rows.size, self._explore_rng)
         else:
             order, sc = model.rerank(vec, m, prior, rows.size)
-        if dedupe:
-            keep = novel_order(index.meta.column("source_ids").take(rows).to_pylist(), order, top_m)
-            pos = {int(o): j for j, o in enumerate(order.tolist())}
-            order, sc = keep, sc[[pos[int(i)] for i in keep.tolist()]]
-        else:
-            order, sc = order[:top_m], sc[:top_m]
+        sources = index.meta.column("source_ids").take(rows[order]).to_pylist() if dedupe else None
+        keep = novel_order(sources, np.arange(order.size), top_m) if dedupe else np.arange(min(top_m, order.size))
+        order, sc = order[keep], sc[keep]
         timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
         signals["reranker"] = {"version": model.version, "scope": model.scope, "candidates": int(rows.size),
                                "explore": explore}
@@ -233,19 +229,11 @@ class Retriever:
                  reranker_version: int | None = None) -> dict[str, Any]:
         """Store what the answering LLM was shown for `query` and what it cited (RMM §6.2), after
         checking the ids are retrievable memories of this user and cited ⊆ shown."""
-        from retrieval.feedback import FeedbackLog, validate
-
         user_id = validate_user_id(user_id)
-        index = self.cache.get(user_id)
-        known = index.memo("id_set", lambda: frozenset(index.meta.column("id").to_pylist()))
-        validate(user_id, query, shown_ids, cited_ids, known, self.settings.max_query_chars)
-        with self._rmm_lock:
-            log_ = self._rmm.get("feedback")
-            if log_ is None:
-                log_ = self._rmm["feedback"] = FeedbackLog(self.store)
-        return log_.record(user_id, query, shown_ids, cited_ids, known_ids=known,
-                           query_vector=self.embed([query])[0], reranker_version=reranker_version,
-                           max_query_chars=self.settings.max_query_chars)
+        return self._feedback.record(user_id, query, shown_ids, cited_ids,
+                                     known_ids=self.cache.get(user_id).row_of_id(),
+                                     embed=lambda q: self.embed([q])[0], reranker_version=reranker_version,
+                                     max_query_chars=self.settings.max_query_chars)
 
     def turns(self, user_id: str, message_ids: Sequence[str]) -> dict[str, str]:
         """The original turns ("speaker: text") of message ids of one user (for citation prompts)."""
