@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from memory.dates import normalize_date, time_match, to_date
@@ -419,9 +419,8 @@ def _personal(s: str, vocatives: set[str]) -> bool:
     return n_content >= (1 if singular and not second else 2)
 
 
-def statement_items(text: str, speaker: str, vocatives: set[str]) -> list[tuple[str, str, str, str]]:
-    """(category, key, value, cleaned sentence) for each personal statement in one message."""
-    items = []
+def _statements(text: str, vocatives: set[str]) -> Iterator[str]:
+    """Each personal statement in one message, cleaned (first person, as said)."""
     for raw in split_sentences(text):
         if raw.rstrip("\"')").endswith("?"):
             continue
@@ -430,9 +429,13 @@ def statement_items(text: str, speaker: str, vocatives: set[str]) -> list[tuple[
             s = "I'm " + s[0].lower() + s[1:]          # "Researching agencies" said of oneself
         if len(s.split()) < 4 or _FILLER_START_RE.match(s) or not _personal(s, vocatives):
             continue
-        cat = categorize(s)
-        items.append((cat, key_phrase(s, speaker), third_person(s, speaker), s))
-    return items
+        yield s
+
+
+def statement_items(text: str, speaker: str, vocatives: set[str]) -> list[tuple[str, str, str, str]]:
+    """(category, key, value, cleaned sentence) for each personal statement in one message."""
+    return [(categorize(s), key_phrase(s, speaker), third_person(s, speaker), s)
+            for s in _statements(text, vocatives)]
 
 
 _CATEGORY_FIELD = {"factual": "Factual_Information", "experiential": "Experiential_Information",
@@ -500,7 +503,7 @@ def _polarity(text: str) -> int:
 
 class _Frag:
     __slots__ = ("d", "subject", "category", "key", "content", "date", "side", "tokens", "key_tokens",
-                 "entities")
+                 "entities", "pol", "pol_content")
 
     def __init__(self, d: dict[str, Any], side: int) -> None:
         self.d = d
@@ -517,6 +520,8 @@ class _Frag:
         self.entities = [m.group(1) for m in _CAP_RE.finditer(self.content)
                          if m.group(1) not in _NOT_ENTITY and m.group(1).lower() not in names
                          and m.group(1).lower().removesuffix("'s") not in names]
+        self.pol = _polarity(f"{self.key} {self.content}")
+        self.pol_content = _polarity(self.content)
 
 
 def _content_tokens(text: str, exclude: set[str]) -> list[str]:
@@ -579,11 +584,11 @@ def _key_overlap(a: _Frag, b: _Frag) -> bool:
 
 def _transformation(subject: str, frags: list[_Frag]) -> tuple[dict[str, str], set[int]] | None:
     best: tuple[tuple[int, float, int], _Frag, _Frag] | None = None
+    later = [f for f in frags if f.side == 1]
     for i, e in enumerate(f for f in frags if f.side == 0):
-        for j, l in enumerate(f for f in frags if f.side == 1):
+        for j, l in enumerate(later):
             sim = _jaccard(e.tokens, l.tokens)
-            pe, pl = _polarity(f"{e.key} {e.content}"), _polarity(f"{l.key} {l.content}")
-            flip = pe * pl < 0 and (_key_overlap(e, l) or sim >= 0.15)
+            flip = e.pol * l.pol < 0 and (_key_overlap(e, l) or sim >= 0.15)
             state_change = (_key_overlap(e, l) and sim < _CHANGE_SIM and e.content.lower() != l.content.lower()
                             and _CHANGE_RE.search(l.content) is not None)
             if not (flip or state_change):
@@ -641,12 +646,13 @@ def _accumulation(subject: str, frags: list[_Frag], exclude: set[int]) -> dict[s
 
 
 def _extension(subject: str, frags: list[_Frag]) -> dict[str, str] | None:
+    liked = [s for s in frags
+             if s.category == "subjective" and s.pol_content > 0 and _PREFERENCE_RE.search(s.content)]
     for e in frags:
         if e.category != "experiential":
             continue
-        for s in frags:
-            if (s.side == e.side or s.category != "subjective" or _polarity(s.content) <= 0
-                    or not _PREFERENCE_RE.search(s.content)):
+        for s in liked:
+            if s.side == e.side:
                 continue
             shared = [t for t in s.key_tokens if t in e.key_tokens]
             if not shared:
@@ -664,8 +670,9 @@ def _connection(subject: str, frags: list[_Frag], all_frags: list[_Frag]) -> dic
     for f in all_frags:
         for t in f.tokens:
             counts[t] = counts.get(t, 0) + 1
+    later = [f for f in frags if f.side == 1]
     for a in (f for f in frags if f.side == 0):
-        for b in (f for f in frags if f.side == 1):
+        for b in later:
             if any(t in b.key_tokens for t in a.key_tokens):
                 continue            # same topic: accumulation's or transformation's business
             in_keys = set(a.key_tokens) | set(b.key_tokens)
@@ -772,7 +779,8 @@ def topics_answer(ctx: dict[str, Any]) -> dict[str, Any]:
         for t in turns[a:b]:
             if str(t.get("speaker") or "") != subject:
                 continue
-            for _, _, value, _ in statement_items(str(t.get("text") or ""), subject, vocatives):
+            for sentence in _statements(str(t.get("text") or ""), vocatives):
+                value = third_person(sentence, subject)
                 n = len(value.split())
                 if words and words + n > _TOPIC_MAX_WORDS:
                     break
