@@ -8,10 +8,11 @@ from (for the `rules` stand-in, which does not read prose).
 """
 from __future__ import annotations
 
+import importlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from memory.errors import UnknownBackendError
 from memory.ids import make_id
@@ -32,6 +33,21 @@ class LLMRequest:
         return make_id(model, self.prompt_version,
                        json.dumps(self.messages, sort_keys=True, ensure_ascii=False),
                        json.dumps(self.schema, sort_keys=True))
+
+
+ErrorKind = Literal["transient", "rejected", "fatal"]
+_KINDS: tuple[ErrorKind, ...] = ("transient", "rejected", "fatal")
+
+
+def backend_error(kind: ErrorKind, message: str) -> str:
+    """The `LLMResponse.error` text for a failure of `kind` (how the runner tells them apart)."""
+    return f"{kind}: {message}"
+
+
+def error_kind(error: str) -> ErrorKind:
+    """The kind a backend put in front of an error; unmarked errors count as transient."""
+    head = error.split(":", 1)[0].strip()
+    return head if head in _KINDS else "transient"  # type: ignore[return-value]
 
 
 @dataclass
@@ -57,6 +73,11 @@ class LLMBackend(ABC):
 
     default_model: str = ""
 
+    @property
+    def reads_cache(self) -> bool:
+        """Does the runner answer from the response cache before calling this backend? Live ones do."""
+        return self.live
+
     @abstractmethod
     def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
         """One response per request, same order. Transient failures come back as `error`."""
@@ -75,24 +96,31 @@ def register_backend(name: str) -> Callable[[Callable[..., LLMBackend]], Callabl
     return deco
 
 
-def _load_builtin() -> None:
-    # imported here so optional SDKs load only when their backend is chosen
-    import memory.llm.rules  # noqa: F401
-    import memory.llm.openai_backend  # noqa: F401
-    import memory.llm.vllm_backend  # noqa: F401
-    import memory.llm.replay  # noqa: F401
+#: the built-in backends and the module that registers each, imported only when asked for by name
+#: so optional SDKs (openai, vllm) load only when their backend is chosen
+_BUILTIN: dict[str, str] = {
+    "rules": "memory.llm.rules",
+    "openai": "memory.llm.openai_backend",
+    "vllm": "memory.llm.vllm_backend",
+    "replay": "memory.llm.replay",
+}
+
+
+def _load_builtin(name: str) -> None:
+    module = _BUILTIN.get(name)
+    if module is not None:
+        importlib.import_module(module)
 
 
 def get_backend(name: str, **kwargs: Any) -> LLMBackend:
     """Build a backend by name, e.g. get_backend("openai", model=..., base_url=...)."""
-    _load_builtin()
+    _load_builtin(name)
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise UnknownBackendError("llm", name, list(_REGISTRY)) from None
+        raise UnknownBackendError("llm", name, known_backends()) from None
     return factory(**kwargs)
 
 
 def known_backends() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return sorted(set(_BUILTIN) | set(_REGISTRY))

@@ -5,7 +5,7 @@ The whole batch is sent concurrently, at most `concurrency` requests in flight. 
 one place, the SDK client (`max_retries`, exponential backoff with jitter, `Retry-After` honoured)
 on timeouts, connection errors, 408/409/429 and 5xx; 400/401/403/404/422 are never retried.
 A request that still fails comes back as `LLMResponse(error=...)` marked with its kind (see
-`memory.llm.runner.backend_error`): the runner raises LLMTransientError / LLMError or quarantines.
+`memory.llm.base.backend_error`): the runner raises LLMTransientError / LLMError or quarantines.
 
 `complete` is synchronous and safe to call from worker threads: each call runs its own event loop
 and client (inside a running event loop it runs on a helper thread).
@@ -20,8 +20,7 @@ from typing import Any
 import openai
 
 from memory.errors import ConfigError
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
-from memory.llm.runner import ErrorKind, backend_error
+from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, backend_error, register_backend
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,10 @@ class ReplayBackend(LLMBackend):
     live = False
     default_model = ""
 
+    @property
+    def reads_cache(self) -> bool:
+        return True             # the cache is its only source
+
     def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
         if not requests:
             return []

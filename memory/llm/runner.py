@@ -21,33 +21,21 @@ import logging
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import jsonschema
 from jsonschema.exceptions import best_match
 
 from memory.errors import LLMError, LLMTransientError
 from memory.ids import make_id
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse
+# ErrorKind and backend_error live in base (backends need them without the runner); re-exported here
+from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, backend_error, error_kind  # noqa: F401
 from memory.llm.cache import ResponseCache
 
 log = logging.getLogger(__name__)
 
-ErrorKind = Literal["transient", "rejected", "fatal"]
-_KINDS: tuple[ErrorKind, ...] = ("transient", "rejected", "fatal")
 _RAW_LOG = 200
 _ERR_QUOTE = 300
-
-
-def backend_error(kind: ErrorKind, message: str) -> str:
-    """The `LLMResponse.error` text for a failure of `kind` (how the runner tells them apart)."""
-    return f"{kind}: {message}"
-
-
-def error_kind(error: str) -> ErrorKind:
-    """The kind a backend put in front of an error; unmarked errors count as transient."""
-    head = error.split(":", 1)[0].strip()
-    return head if head in _KINDS else "transient"  # type: ignore[return-value]
 
 
 @dataclass
@@ -103,7 +91,7 @@ class LLMRunner:
 
     @property
     def _reads_cache(self) -> bool:
-        return self.cache is not None and (self.backend.live or self.backend.name == "replay")
+        return self.cache is not None and self.backend.reads_cache
 
     @property
     def _writes_cache(self) -> bool:
