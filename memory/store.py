@@ -24,6 +24,16 @@ from memory.ids import validate_user_id
 
 log = logging.getLogger(__name__)
 
+# one writer per (store uri, table) within a process: concurrent merge_insert of the same new key
+# can duplicate upstream, and several Store objects may open the same uri
+_WRITE_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock(uri: str, name: str) -> threading.Lock:
+    with _WRITE_LOCKS_GUARD:
+        return _WRITE_LOCKS.setdefault((uri, name), threading.Lock())
+
 
 def user_filter(user_id: str) -> Expr:
     """The typed `user_id = ...` filter for one validated user."""
@@ -104,10 +114,11 @@ class Store:
             return 0
         table = _dedupe_last(table)
         tbl = self.table(name)
-        tbl.checkout_latest()  # upserts always start from the newest version (stale handles duplicate)
-        (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-         .execute(table, on_bad_vectors="null"))
-        self._ensure_user_index(name, tbl)
+        with _write_lock(self.uri, name):
+            tbl.checkout_latest()  # upserts always start from the newest version (stale handles duplicate)
+            (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+             .execute(table, on_bad_vectors="null"))
+            self._ensure_user_index(name, tbl)
         return table.num_rows
 
     def drop_table(self, name: str) -> None:

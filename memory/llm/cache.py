@@ -6,7 +6,6 @@ too, when the model name matches). One read per batch (`get_many`), one upsert p
 """
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -18,9 +17,6 @@ if TYPE_CHECKING:
 TABLE = "llm_cache"
 #: keys per `isin` filter; a batch larger than this is read in a few chunks
 _READ_CHUNK = 20_000
-# one writer per store within a process: concurrent merge_insert of the same new key can duplicate
-_WRITE_LOCKS: dict[str, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
 
 
 class ResponseCache:
@@ -28,8 +24,6 @@ class ResponseCache:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        with _LOCKS_GUARD:
-            self._write_lock = _WRITE_LOCKS.setdefault(store.uri, threading.Lock())
 
     def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The cached rows for those keys that have one, by key."""
@@ -42,11 +36,11 @@ class ResponseCache:
         return found
 
     def put_many(self, rows: list[dict[str, Any]]) -> int:
-        """Upsert rows (see `row`) in one write; returns how many were written."""
+        """Upsert rows (see `row`) in one write (serialised per table by `Store.upsert`); returns how many
+        were written."""
         if not rows:
             return 0
-        with self._write_lock:
-            return self.store.upsert(TABLE, rows)
+        return self.store.upsert(TABLE, rows)
 
     @staticmethod
     def row(key: str, *, backend: str, model: str, request: LLMRequest, response: LLMResponse) -> dict[str, Any]:
