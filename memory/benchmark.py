@@ -10,12 +10,36 @@ from __future__ import annotations
 import resource
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
+from memory.embed import Embedder
 from memory.ingest import ingest
 from memory.pipeline import embedder_for
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
+
+
+@contextmanager
+def _recording(embedder: Embedder) -> Iterator[list[str]]:
+    """Every text `embedder.embed` is given meanwhile, in order (the process-wide embedder the
+    pipeline uses, so its calls are seen)."""
+    texts: list[str] = []
+    embed = embedder.embed
+
+    def recording_embed(batch: list[str]) -> np.ndarray:
+        vecs = embed(batch)
+        texts.extend(batch)
+        return vecs
+
+    embedder.embed = recording_embed  # type: ignore[method-assign]
+    try:
+        yield texts
+    finally:
+        del embedder.embed  # back to the class's method
 
 
 def bench_consolidate(path: str, fmt: str = "locomo", *, store: str | None = None) -> str:
@@ -28,17 +52,17 @@ def bench_consolidate(path: str, fmt: str = "locomo", *, store: str | None = Non
     embedder = embedder_for(settings)
     embedder.embed(["warm up"])
     load_s = time.perf_counter() - t0
-    embedder.seconds, embedder.texts, embedder.recorded = 0.0, 0, []
+    embedder.seconds, embedder.texts = 0.0, 0
 
     st = open_store(settings)
-    start = time.perf_counter()
-    ing = ingest(st, path, fmt)
-    ingest_s = time.perf_counter() - start
-    report = consolidate(st, settings)
-    wall = time.perf_counter() - start
+    with _recording(embedder) as texts:
+        start = time.perf_counter()
+        ing = ingest(st, path, fmt)
+        ingest_s = time.perf_counter() - start
+        report = consolidate(st, settings)
+        wall = time.perf_counter() - start
     run_embed_s, n_texts = embedder.seconds, embedder.texts
 
-    texts, embedder.recorded = embedder.recorded or [], None
     t1 = time.perf_counter()
     embedder.embed(texts)
     alone_s = time.perf_counter() - t1

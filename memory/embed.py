@@ -23,8 +23,6 @@ class Embedder(ABC):
     def __init__(self) -> None:
         self.seconds = 0.0
         self.texts = 0
-        #: when a list, every embedded text is appended to it (benchmarks replay them)
-        self.recorded: list[str] | None = None
 
     @property
     @abstractmethod
@@ -46,8 +44,6 @@ class Embedder(ABC):
         vecs = vecs / np.maximum(norms, 1e-12)
         self.seconds += time.perf_counter() - start
         self.texts += len(texts)
-        if self.recorded is not None:
-            self.recorded.extend(texts)
         return vecs
 
 
