@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from memory.schemas import MEMORY_TABLES
 from memory.store import Store
 from memory.summarize import read_profile
 from memory.weave import load_graph
@@ -28,8 +29,8 @@ def graph_data(store: Store, user: str) -> dict[str, Any]:
     """Nodes, temporal edges, phases and profile of one user, ready for the page."""
     nodes, edges = load_graph(store, user)
     texts: dict[str, dict[str, Any]] = {}
-    for table, kind in (("fragments", "fragment"), ("insights", "insight")):
-        t = pl.from_arrow(store.read(table, user, columns=["id", "text", "date", "source_ids"]))
+    for kind in ("fragment", "insight"):
+        t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=["id", "text", "date", "source_ids"]))
         for r in t.iter_rows(named=True):
             texts[r["id"]] = {"text": r["text"] or "", "date": r["date"] or "", "sources": list(r["source_ids"] or [])}
     clusters: dict[str, int] = {}

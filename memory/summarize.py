@@ -33,7 +33,8 @@ from memory import prompts
 from memory.ids import make_id
 from memory.settings import Settings
 from memory.store import Store
-from memory.weave import Node, new_nodes, replace_user, stored_ids, stored_nodes, users_to_update
+from memory.weave import (Node, add_rows, has_stored, new_nodes, replace_user, stored_ids, stored_nodes,
+                          users_to_update)
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +103,7 @@ def date_range(start: datetime, end: datetime) -> str:
 
 
 def _sources(nodes: list[Node]) -> list[str]:
-    out: list[str] = []
-    seen: set[str] = set()
-    for n in nodes:
-        for s in n.source_ids:
-            if s not in seen:
-                seen.add(s)
-                out.append(s)
-    return out
+    return list(dict.fromkeys(s for n in nodes for s in n.source_ids))
 
 
 def phase_context(user: str, number: int, nodes: list[Node]) -> dict[str, Any]:
@@ -133,13 +127,7 @@ def profile_row(user: str, phases: list[dict[str, Any]], profile: str, *, run_id
                 model: str) -> dict[str, Any]:
     start = min(p["start_ts"] for p in phases)
     end = max(p["end_ts"] for p in phases)
-    sources: list[str] = []
-    seen: set[str] = set()
-    for p in phases:
-        for s in p["source_ids"]:
-            if s not in seen:
-                seen.add(s)
-                sources.append(s)
+    sources = list(dict.fromkeys(s for p in phases for s in p["source_ids"]))
     last = max(phases, key=lambda p: p["end_ts"])
     return {"id": make_id(user, "profile"), "user_id": user, "level": "profile", "session_id": last["session_id"],
             "session_ts": end, "start_ts": start, "end_ts": end, "key": PROFILE_KEY, "content": profile,
@@ -159,35 +147,38 @@ def _stored_phases(store: Store, user: str, until: datetime) -> pl.DataFrame:
 
 def summarize(state: Any, store: Store, settings: Settings) -> Any:
     """Summarize the shard's new phases (one LLM batch), then re-synthesize each profile (another)."""
-    from memory.pipeline import _merge_llm, _runner, embedder_for
+    from memory.pipeline import _merge_llm, _runner, _timed, embedder_for
 
     start = time.perf_counter()
     plans: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], list[Node]]]]] = []
     for user in users_to_update(state, settings, ("fragment",)):
         until = state.watermarks[user][0]
+        stored = has_stored(state, user)
         batch = new_nodes(state, user, ("fragment",))
-        old = _stored_phases(store, user, until)
         rebuild = settings.rebuild_graph
-        if not rebuild:
+        old_rows: list[dict[str, Any]] = []
+        if not rebuild and stored:
+            old = _stored_phases(store, user, until)
             covered = int(old["n_items"].sum()) if old.height else 0
             if covered != len(stored_ids(store, user, until, ("fragment",))):
                 log.info("user %s has fragments outside its phases: re-segmenting", user)
                 rebuild = True
+            else:
+                old_rows = old.to_dicts()
         if rebuild:
             replace_user(state, "summaries", user)
-            known = {n.id for n in batch}
-            batch += [n for n in stored_nodes(store, user, until, ("fragment",)) if n.id not in known]
-            old = old.clear()
+            if stored:
+                known = {n.id for n in batch}
+                batch += [n for n in stored_nodes(store, user, until, ("fragment",)) if n.id not in known]
         batch.sort(key=Node.order)
         phases = []
         if batch:
             vecs = np.stack([n.vector for n in batch])
-            for number, (a, b) in enumerate(segment(vecs), start=old.height + 1):
+            for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
                 phases.append((phase_context(user, number, batch[a:b]), batch[a:b]))
-        old_rows = [dict(r, start_ts=r["start_ts"], end_ts=r["end_ts"]) for r in old.iter_rows(named=True)]
         plans.append((user, old_rows, phases))
     if not any(p for _, _, p in plans):
-        state.timings["summarize"] = state.timings.get("summarize", 0.0) + time.perf_counter() - start
+        _timed(state, "summarize", start)
         return state
 
     runner = _runner(store, settings)
@@ -224,8 +215,8 @@ def summarize(state: Any, store: Store, settings: Settings) -> Any:
         vecs = embedder_for(settings).embed([r["text"] for r in rows])
         for r, v in zip(rows, vecs):
             r["vector"] = v
-        state.extra.setdefault("summaries", []).extend(rows)
-    state.timings["summarize"] = state.timings.get("summarize", 0.0) + time.perf_counter() - start
+        add_rows(state, "summaries", rows)
+    _timed(state, "summarize", start)
     return state
 
 

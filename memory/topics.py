@@ -34,6 +34,7 @@ from memory.extract import SessionWork
 from memory.ids import make_id
 from memory.settings import Settings
 from memory.store import Store
+from memory.weave import add_rows, has_stored
 
 log = logging.getLogger(__name__)
 
@@ -145,16 +146,10 @@ def extraction_contexts(sessions: list[SessionWork], vectors: dict[tuple[str, st
     return out
 
 
-def _runner(store: Store, settings: Settings) -> Any:
-    from memory.pipeline import _runner as make
-
-    return make(store, settings)
-
-
 # -- the stage --------------------------------------------------------------------------------------
 def topics(state: Any, store: Store, settings: Settings) -> Any:
     """RMM prospective reflection over every pending session of the shard (see the module doc)."""
-    from memory.pipeline import _merge_llm, _timed, embedder_for
+    from memory.pipeline import _merge_llm, _runner, _timed, embedder_for
 
     start = time.perf_counter()
     if not state.sessions:
@@ -190,7 +185,8 @@ def topics(state: Any, store: Store, settings: Settings) -> Any:
     banks: dict[str, list[Topic]] = {}
     stale: list[Topic] = []
     for user in sorted({s.user_id for s in state.sessions}):
-        banks[user], rolled = load_bank(store, user, state.watermarks[user][0])
+        banks[user], rolled = (load_bank(store, user, state.watermarks[user][0]) if has_stored(state, user)
+                               else ([], []))
         stale.extend(rolled)
     flat = [it for items in new.values() for it in items]
     vecs = embedder.embed([it["summary"] for it in flat] + [t.text for t in stale])
@@ -214,7 +210,7 @@ def topics(state: Any, store: Store, settings: Settings) -> Any:
 
     rows = [t.row() for bank in banks.values() for t in bank if t.touched]
     if rows:
-        state.extra.setdefault("topics", []).extend(rows)
+        add_rows(state, "topics", rows)
     _timed(state, "topics", start)
     return state
 

@@ -36,6 +36,7 @@ import polars as pl
 from lancedb.expr import col, lit
 
 from memory.ids import make_id
+from memory.schemas import MEMORY_TABLES
 from memory.settings import Settings
 from memory.store import Store
 
@@ -160,9 +161,8 @@ def stored_nodes(store: Store, user: str, until: datetime,
     seqs = dict(zip(msgs.column("message_id").to_pylist(), msgs.column("seq").to_pylist()))
     out = []
     for kind in kinds:
-        table = {"fragment": "fragments", "insight": "insights"}[kind]
         cols = ["id", "session_id", "session_ts", "source_ids", "vector", "text", "date"]
-        t = pl.from_arrow(store.read(table, user, columns=cols))
+        t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=cols))
         if t.height == 0:
             continue
         t = t.filter(pl.col("session_ts") <= until)
@@ -173,8 +173,7 @@ def stored_nodes(store: Store, user: str, until: datetime,
 def stored_ids(store: Store, user: str, until: datetime, kinds: tuple[str, ...]) -> set[str]:
     out: set[str] = set()
     for kind in kinds:
-        table = {"fragment": "fragments", "insight": "insights"}[kind]
-        t = pl.from_arrow(store.read(table, user, columns=["id", "session_ts"]))
+        t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=["id", "session_ts"]))
         if t.height:
             out |= set(t.filter(pl.col("session_ts") <= until)["id"].to_list())
     return out
@@ -186,6 +185,14 @@ def _node(r: dict[str, Any], kind: str, seqs: dict[str, Any]) -> Node:
     return Node(id=r["id"], kind=kind, session_ts=r["session_ts"], position=pos,
                 vector=np.asarray(r["vector"], dtype=np.float32), source_ids=sources, text=r.get("text") or "",
                 date=r.get("date") or "", session_id=r.get("session_id") or "")
+
+
+def has_stored(state: Any, user: str) -> bool:
+    """Whether the user may have stored memories up to its watermark. False for a user never
+    consolidated (watermark `(EPOCH, 0)` from `load_shard`: every user of a backfill): consolidation
+    only takes sessions after the watermark, so nothing stored is that old and the stages skip the
+    reads of stored memories (they would all be filtered out)."""
+    return state.watermarks[user][1] > 0
 
 
 def add_rows(state: Any, table: str, rows: list[dict[str, Any]]) -> None:
@@ -212,14 +219,17 @@ def users_to_update(state: Any, settings: Settings, kinds: tuple[str, ...]) -> l
 # -- the stage ------------------------------------------------------------------------------------
 def weave(state: Any, store: Store, settings: Settings) -> Any:
     """Weave the shard's new memories into each user's graph (or rebuild it)."""
+    from memory.pipeline import _timed
+
     start = time.perf_counter()
     n_nodes = n_edges = 0
     for user in users_to_update(state, settings, ("fragment", "insight")):
-        until = state.watermarks.get(user, (None, 0))[0]
+        until = state.watermarks[user][0]
+        stored = has_stored(state, user)
         batch = new_nodes(state, user)
         last = None
         rebuild = settings.rebuild_graph
-        if not rebuild and until is not None:
+        if not rebuild and stored:
             woven = pl.from_arrow(store.read("graph_nodes", user, columns=["node_id", "seq", "session_ts"]))
             woven = woven.filter(pl.col("session_ts") <= until) if woven.height else woven
             missing = stored_ids(store, user, until, ("fragment", "insight")) - set(woven["node_id"].to_list()
@@ -236,7 +246,7 @@ def weave(state: Any, store: Store, settings: Settings) -> Any:
         if rebuild:
             replace_user(state, "graph_nodes", user)
             replace_user(state, "graph_edges", user)
-            if until is not None:
+            if stored:
                 known = {n.id for n in batch}
                 batch += [n for n in stored_nodes(store, user, until) if n.id not in known]
         batch.sort(key=Node.order)
@@ -245,14 +255,14 @@ def weave(state: Any, store: Store, settings: Settings) -> Any:
         add_rows(state, "graph_edges", edges)
         n_nodes += len(nodes)
         n_edges += len(edges)
-    state.timings["weave"] = state.timings.get("weave", 0.0) + time.perf_counter() - start
+    _timed(state, "weave", start)
     log.debug("weave: %d nodes, %d temporal edges", n_nodes, n_edges)
     return state
 
 
 def _vector_of(store: Store, user: str, node_id: str) -> np.ndarray | None:
-    for table in ("fragments", "insights"):
-        t = store.read(table, user, columns=["id", "vector"], where=col("id") == lit(node_id))
+    for kind in ("fragment", "insight"):
+        t = store.read(MEMORY_TABLES[kind], user, columns=["id", "vector"], where=col("id") == lit(node_id))
         if t.num_rows:
             return np.asarray(t.column("vector")[0].as_py(), dtype=np.float32)
     return None
