@@ -87,10 +87,11 @@ def consolidate(
         from memory.runs import consolidate as run_local, open_store, plan_shards
 
         store = open_store(settings)
-        total = len(plan_shards(store, _users(users), settings.shard_size))
+        shards = plan_shards(store, _users(users), settings.shard_size)
         with Progress(console=console, transient=True) as progress:
-            bar = progress.add_task("consolidating shards", total=total)
-            report = run_local(store, settings, _users(users), on_shard=lambda _: progress.advance(bar))
+            bar = progress.add_task("consolidating shards", total=len(shards))
+            report = run_local(store, settings, _users(users), on_shard=lambda _: progress.advance(bar),
+                               shards=shards)
         typer.echo(report.summary())
         return
     from flows.consolidate import run_flow

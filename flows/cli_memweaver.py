@@ -7,21 +7,11 @@ from __future__ import annotations
 
 import typer
 
-from memory.settings import Settings
-
-
-def _settings(ctx: typer.Context) -> Settings:
-    if ctx.obj and "settings" in ctx.obj:
-        return ctx.obj["settings"]
-    from memory.settings import get_settings
-
-    return get_settings()
-
 
 def _store(ctx: typer.Context):  # type: ignore[no-untyped-def]
     from memory.runs import open_store
 
-    return open_store(_settings(ctx))
+    return open_store(ctx.obj["settings"])
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

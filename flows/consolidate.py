@@ -64,7 +64,7 @@ def load_task(users: list[str], overrides: dict[str, Any], run_id: str) -> Shard
 def stage_task(name: str, state: ShardState, overrides: dict[str, Any]) -> ShardState:
     """One consolidation stage of one shard (see `memory.pipeline.stages`)."""
     s = _settings(overrides)
-    if not state.sessions and not s.rebuild_graph:
+    if not pipeline.has_work(state, s):
         return state
     fn = {n: f for n, f, _ in pipeline.stages()}[name]
     return fn(state, _open(s), s)
@@ -122,9 +122,10 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
     shards = plan_shards(store, users, settings.shard_size)
     logger.info("%s %s: %d shards of up to %d users", kind, report.run_id, len(shards), settings.shard_size)
     chains: dict[Any, tuple[list[str], list[Any]]] = {}
+    stage_tasks = _stage_tasks()
     for shard in shards:
         chain = [load_task.submit(shard, overrides, report.run_id)]
-        for name, stage in _stage_tasks():
+        for name, stage in stage_tasks:
             chain.append(stage.submit(name, chain[-1], overrides))
         chains[chain[-1].task_run_id] = (shard, chain)
     done = 0
@@ -138,7 +139,7 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
             failed.append((shard, exc))
             logger.error("shard of users %s failed: %s: %s", shard, type(exc).__name__, exc)
             continue
-        if state.sessions or state.extra or state.replace:
+        if pipeline.has_work(state, settings):
             pipeline.commit(store, state)  # the flow is the one writer of the run
         report.add(state)
         done += 1

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
+from lancedb.expr import col
 
 from memory import prompts
 from memory.embed import Embedder, get_embedder
@@ -28,7 +29,10 @@ from memory.link import Cluster, Link, cluster_session, link_session
 from memory.llm.base import LLMBackend, get_backend
 from memory.reason import attribute_sources, insight_rows, pair_context
 from memory.settings import Settings
-from memory.store import Store, user_filter
+from memory.store import Store
+from memory.summarize import summarize
+from memory.topics import topics
+from memory.weave import weave
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ def _runner(store: Store, settings: Settings) -> Any:
     from memory.llm.runner import LLMRunner
 
     backend = backend_for(settings)
-    return LLMRunner(backend, ResponseCache(store) if backend.live or backend.name == "replay" else None)
+    return LLMRunner(backend, ResponseCache(store) if backend.reads_cache else None)
 
 
 def _merge_llm(state: ShardState, stats: Any) -> None:
@@ -291,8 +295,8 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         "quarantine": store.upsert("quarantine", state.quarantine),
     }
     for name, users in state.replace.items():
-        for user in users:
-            store.delete(name, user_filter(user))
+        if users:
+            store.delete(name, col("user_id").isin([validate_user_id(u) for u in users]))
     for name, rows in state.extra.items():
         written[name] = store.upsert(name, rows)
     now = datetime.now(timezone.utc)
@@ -321,27 +325,6 @@ def _touched_clusters(state: ShardState) -> list[Cluster]:
 Stage = Callable[[ShardState, Store, Settings], ShardState]
 
 
-def _weave(state: ShardState, store: Store, settings: Settings) -> ShardState:
-    """MemWeaver graph: temporal edges + K-means semantic clusters (memory.weave)."""
-    from memory.weave import weave
-
-    return weave(state, store, settings)
-
-
-def _summarize(state: ShardState, store: Store, settings: Settings) -> ShardState:
-    """MemWeaver cognitive memory: phase summaries -> global profile (memory.summarize)."""
-    from memory.summarize import summarize
-
-    return summarize(state, store, settings)
-
-
-def _topics(state: ShardState, store: Store, settings: Settings) -> ShardState:
-    """RMM prospective reflection: topic memories, Add / Merge (memory.topics)."""
-    from memory.topics import topics
-
-    return topics(state, store, settings)
-
-
 def stages() -> list[tuple[str, Stage, bool]]:
     """The ordered stages between load and commit: (name, function, retry on transient LLM errors).
 
@@ -353,16 +336,22 @@ def stages() -> list[tuple[str, Stage, bool]]:
         ("link", link, False),
         ("reason", reason, True),
         ("embed-insights", embed_insights, False),
-        ("weave", _weave, False),
-        ("summarize", _summarize, True),
-        ("topics", _topics, True),
+        ("weave", weave, False),          # MemWeaver graph: temporal edges + K-means semantic clusters
+        ("summarize", summarize, True),   # MemWeaver cognitive memory: phase summaries -> global profile
+        ("topics", topics, True),         # RMM prospective reflection: topic memories, Add / Merge
     ]
+
+
+def has_work(state: ShardState, settings: Settings) -> bool:
+    """Whether the shard's stages (and its commit) have anything to do: pending sessions, or a rebuild
+    of its users' graphs."""
+    return bool(state.sessions) or settings.rebuild_graph
 
 
 def run_shard(store: Store, users: list[str], settings: Settings, run_id: str) -> ShardState:
     """All stages for one shard, in order, without Prefect."""
     state = load_shard(store, users, run_id)
-    if not state.sessions and not settings.rebuild_graph:
+    if not has_work(state, settings):
         return state
     for _, stage, _ in stages():
         state = stage(state, store, settings)

@@ -94,11 +94,17 @@ def new_report(kind: str, settings: Settings, run_id: str | None = None) -> RunR
 def consolidate(
     store: Store, settings: Settings, users: list[str] | None = None, *, run_id: str | None = None,
     kind: str = "consolidate", on_shard: Callable[[ShardState], None] | None = None,
+    shards: list[list[str]] | None = None,
 ) -> RunReport:
-    """Consolidate every user's sessions newer than its watermark, shard by shard, no Prefect."""
+    """Consolidate every user's sessions newer than its watermark, shard by shard, no Prefect.
+
+    `shards`: the `plan_shards(store, users, settings.shard_size)` the caller already made (else
+    planned here)."""
     start = time.perf_counter()
     report = new_report(kind, settings, run_id)
-    for shard in plan_shards(store, users, settings.shard_size):
+    if shards is None:
+        shards = plan_shards(store, users, settings.shard_size)
+    for shard in shards:
         state = run_shard(store, shard, settings, report.run_id)
         report.add(state)
         if on_shard:
