@@ -42,11 +42,22 @@ def _recording(embedder: Embedder) -> Iterator[list[str]]:
         del embedder.embed  # back to the class's method
 
 
+@contextmanager
+def scratch_store(store: str | None, prefix: str) -> Iterator[str]:
+    """`store` itself, or a store directory in a temporary folder removed afterwards (on errors too)."""
+    if store is not None:
+        yield store
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield str(Path(tmp) / "store")
+
+
 def bench_consolidate(path: str, fmt: str = "locomo", *, store: str | None = None) -> str:
-    tmp = None
-    if store is None:
-        tmp = tempfile.TemporaryDirectory(prefix="mnemo-bench-")
-        store = str(Path(tmp.name) / "store")
+    with scratch_store(store, "mnemo-bench-") as root:
+        return _bench_consolidate(path, fmt, root)
+
+
+def _bench_consolidate(path: str, fmt: str, store: str) -> str:
     settings = Settings(store=store, llm="rules")
     t0 = time.perf_counter()
     embedder = embedder_for(settings)
@@ -91,6 +102,4 @@ def bench_consolidate(path: str, fmt: str = "locomo", *, store: str | None = Non
         f"{again.counts.get('sessions', 0)} sessions",
         f"peak memory        {peak_mb:.0f} MiB (max RSS)",
     ]
-    if tmp is not None:
-        tmp.cleanup()
     return "\n".join(lines)

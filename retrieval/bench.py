@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from retrieval.bench_latency import bench_retrieval  # noqa: F401  (re-exported for the CLI)
+from memory.benchmark import scratch_store
 from retrieval.retriever import RetrievalResult, Retriever
 from retrieval.settings import RetrievalSettings
 from retrieval.strategies import STRATEGIES
@@ -46,8 +45,9 @@ def recall_at(items: Sequence[Any], evidence: set[str], k: int) -> float:
     return len(evidence & set(seen)) / len(evidence) if evidence else 0.0
 
 
-def consolidate_locomo(path: str, store_dir: str, extraction: str) -> Any:
-    """Ingest the LoCoMo file and consolidate it with the `rules` backend; returns the Store."""
+def consolidate_locomo(path: str, store_dir: str, extraction: str) -> tuple[Any, Any]:
+    """Ingest the LoCoMo file and consolidate it with the `rules` backend: the Store and the
+    consolidation's RunReport (empty counts when the store was already consolidated)."""
     from memory.ingest import ingest
     from memory.runs import consolidate, open_store
     from memory.settings import Settings
@@ -59,12 +59,9 @@ def consolidate_locomo(path: str, store_dir: str, extraction: str) -> Any:
     ingest(store, path, "locomo", observations_as_fragments=extraction == "observations")
     report = consolidate(store, settings)
     log.info("%s", report.summary())
-    REPORTS[store_dir] = report
-    return store
+    return store, report
 
 
-#: the consolidation report of each store `consolidate_locomo` built, by store directory
-REPORTS: dict[str, Any] = {}
 
 
 def memweaver_cost(report: Any) -> str:
@@ -152,12 +149,8 @@ def bench_locomo(path: str, *, extraction: str = "rules", strategies: Sequence[s
                  ks: Sequence[int] = (5, 10), store: str | None = None,
                  settings: RetrievalSettings | None = None) -> str:
     """Consolidate the file into a (temporary) store, then score every strategy on it."""
-    tmp = None
-    if store is None:
-        tmp = tempfile.TemporaryDirectory(prefix="mnemo-locomo-")
-        store = str(Path(tmp.name) / "store")
-    try:
-        st = consolidate_locomo(path, store, extraction)
+    with scratch_store(store, "mnemo-locomo-") as root:
+        st, report = consolidate_locomo(path, root, extraction)
         r = Retriever(st, settings or RetrievalSettings())
         questions = load_questions(path, st)
         vecs = r.embed([q["question"] for q in questions])
@@ -174,8 +167,5 @@ def bench_locomo(path: str, *, extraction: str = "rules", strategies: Sequence[s
                   f"default strategy {r.settings.default_strategy}\n"
                   f"categories: " + ", ".join(f"{c}={n}" for c, n in CATEGORIES.items()) +
                   "; dense = top-K over raw turns (baseline); recollection = share of queries routed there\n"
-                  + memweaver_cost(REPORTS.get(store)) + "\n")
+                  + memweaver_cost(report) + "\n")
         return header + table(rows, ks)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()

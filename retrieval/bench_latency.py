@@ -10,15 +10,14 @@ and the cold first query of a user (version check + LanceDB read + BM25 build + 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from memory.benchmark import scratch_store
 from memory.ids import make_id
 from memory.store import Store
 from retrieval.retriever import Retriever
@@ -64,14 +63,12 @@ def bench_retrieval(memories: int = 10_000, queries: int = 200, store: str | Non
 
 
 def _bench(memories: int, queries: int, store: str | None) -> str:
-    tmp = tempfile.TemporaryDirectory(prefix="mnemo-bench-retrieval-") if store is None else None
-    root = store or str(Path(tmp.name) / "store")  # type: ignore[union-attr]
-    try:
+    with scratch_store(store, "mnemo-bench-retrieval-") as root:
         st = Store(root, dim=DIM, consistency_s=None)
         users = ["bench-user", "bench-cold-1", "bench-cold-2", "bench-cold-3", "bench-cold-4", "bench-cold-5"]
         rows, centers = synthetic_rows(users[0], memories)
-        for u in users[1:]:
-            rows += synthetic_rows(u, memories, seed=hash(u) % 1000)[0]
+        for i, u in enumerate(users[1:]):
+            rows += synthetic_rows(u, memories, seed=i + 1)[0]
         t = time.perf_counter()
         st.upsert("fragments", rows)
         write_s = time.perf_counter() - t
@@ -118,6 +115,3 @@ def _bench(memories: int, queries: int, store: str | None) -> str:
                   f"cold first query ({default}) median {cold_med:.1f} ms, max {max(cold):.1f} ms over "
                   f"{len(cold)} users   (goal <= 100 ms)"]
         return "\n".join(lines)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from memory.benchmark import scratch_store
 from retrieval.bench import consolidate_locomo, load_questions, recall_at
 from retrieval.rerank import GLOBAL, TrainConfig, load_latest, scope_key, train_reranker
 from retrieval.retriever import Retriever
@@ -171,15 +171,11 @@ def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
 def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = None, epochs: int | None = None,
                  scope: str = GLOBAL, reset: bool = False, explore: bool = True,
                  settings: RetrievalSettings | None = None) -> str:
-    tmp = None
-    if store is None:
-        tmp = tempfile.TemporaryDirectory(prefix="mnemo-rerank-")
-        store = str(Path(tmp.name) / "store")
-    try:
-        st = consolidate_locomo(path, store, "rules")
+    with scratch_store(store, "mnemo-rerank-") as root:
+        st, _ = consolidate_locomo(path, root, "rules")
         if st.has_table("feedback") or st.has_table("rerankers"):
             if not reset:
-                raise SystemExit(f"{store} already holds feedback or rerankers; pass --reset to drop them")
+                raise SystemExit(f"{root} already holds feedback or rerankers; pass --reset to drop them")
             for name in ("feedback", "rerankers"):
                 if st.has_table(name):
                     st.drop_table(name)
@@ -242,6 +238,3 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
             r10, _ = _recall(r, questions, vecs, every, 10, name, kinds=ks, rerank=False)
             lines.append(f"| {', '.join(ks)} | {r5:.3f} | {r10:.3f} |")
         return "\n".join(lines)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()

@@ -91,6 +91,6 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         queries: int = typer.Option(200, "--queries", help="timed queries per strategy"),
     ) -> None:
         """Latency on one synthetic user: warm, cold, familiarity vs rfmem."""
-        from retrieval.bench import bench_retrieval as run
+        from retrieval.bench_latency import bench_retrieval as run
 
         typer.echo(run(memories=memories, queries=queries))
