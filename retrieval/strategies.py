@@ -157,7 +157,7 @@ def _rfmem(q: Query, *, route: str | None, fused: bool, calibrated: bool = False
     rec = rfmem.recollection(q.vector, z, q.k, beam=s.beam, fanout=s.fanout, rounds=s.rounds, alpha=s.alpha,
                              prior=prior, probe_scores=probe, kmeans_iters=s.kmeans_iters,
                              early_stop=not s.full_exploration)
-    q.signals.update(rounds=rec.rounds, recollect_queries=rec.queries)
+    q.signals.update(rounds=rec.rounds, recollect_queries=rec.queries, recollect_rows_scored=rec.exact_rows)
     idx, sc = rec.idx, rec.scores
     if s.rerank_union:  # Appendix D.9: re-rank the collected union by the original query's score
         order = rfmem.top_k(ranked[idx], q.k)

@@ -102,7 +102,6 @@ class Graph:
     cluster: np.ndarray                   # cluster number of each node
     members: list[np.ndarray]             # node numbers per cluster
     temporal: list[list[tuple[int, float]]]  # (neighbour, gap in days) per node
-    node_of_row: dict[int, int] = field(default_factory=dict)
     #: per node, the index rows of the raw messages (kind "message") it cites in `source_ids`
     cites: list[np.ndarray] = field(default_factory=list)
 
@@ -149,7 +148,7 @@ def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> G
             temporal[a].append((b, float(gap)))
             temporal[b].append((a, float(gap)))
         temporal = [sorted(t) for t in temporal]   # neighbour order (and so the walk) independent of row order
-    graph = Graph(rows, day, cluster, members, temporal, {int(r): i for i, r in enumerate(rows.tolist())})
+    graph = Graph(rows, day, cluster, members, temporal)
     graph.cites = _cited_messages(index, rows)
     return graph
 
@@ -170,7 +169,7 @@ def _cited_messages(index: UserIndex, rows: np.ndarray) -> list[np.ndarray]:
 
 def graph_for(index: UserIndex) -> Graph | None:
     """The user's graph, loaded on first use and kept with the index (None without a store)."""
-    store = getattr(index, "store", None)
+    store = index.store
     if store is None:
         return None
 
@@ -215,16 +214,18 @@ def node_weights(graph: Graph, sims: np.ndarray, params: WalkParams | None = Non
     return rel * np.exp(-params.lam1 * np.maximum(now - graph.days, 0.0))
 
 
+def _scores(graph: Graph, u: int, base: np.ndarray, params: WalkParams) -> tuple[np.ndarray, np.ndarray, float]:
+    """(neighbours of u, S(u→v) = base[v] · exp(−λ2 Δt_uv), their sum)."""
+    nb, gap = graph.neighbours(u, params.cluster)
+    w = base[nb] * np.exp(-params.lam2 * gap) if nb.size else np.zeros(0)
+    return nb, w, float(w.sum())
+
+
 def transitions(graph: Graph, u: int, base: np.ndarray, params: WalkParams | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(neighbours of u, P(u→v)): S(u→v) = base[v] · exp(−λ2 Δt_uv), normalized over the neighbours
-    (Eq. 2). Empty when u has no neighbour with a positive score."""
-    params = params or PARAMS
-    nb, gap = graph.neighbours(u, params.cluster)
-    if nb.size == 0:
-        return nb, np.zeros(0)
-    w = base[nb] * np.exp(-params.lam2 * gap)
-    total = float(w.sum())
+    """(neighbours of u, P(u→v)): S(u→v) normalized over the neighbours (Eq. 2). Empty when u has
+    no neighbour with a positive score."""
+    nb, w, total = _scores(graph, u, base, params or PARAMS)
     if not total > 0.0:
         return np.zeros(0, np.int64), np.zeros(0)
     return nb, w / total
@@ -251,9 +252,7 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
     def step_from(u: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(neighbours, cumulative P(u→v), S(u→v)) of u, computed once per walk."""
         if u not in cache:
-            nb, gap = graph.neighbours(u, params.cluster)
-            w = base[nb] * np.exp(-params.lam2 * gap) if nb.size else np.zeros(0)
-            total = float(w.sum())
+            nb, w, total = _scores(graph, u, base, params)
             cache[u] = (nb, np.cumsum(w / total), w) if total > 0.0 else (np.zeros(0, np.int64), w, w)
         return cache[u]
 
