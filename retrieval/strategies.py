@@ -84,14 +84,35 @@ def _subset(q: Query, kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray,
     return rows, z
 
 
-def _novel(q: Query, rows: np.ndarray, scores: np.ndarray) -> Result:
+#: a deduplicating ranking looks at k × this many candidates before skipping the covered ones
+DEDUPE_POOL = 4
+
+
+def _novel(q: Query, rows: np.ndarray, scores: np.ndarray, route: str | None) -> Result:
     """Keep ranked rows that cite at least one message not cited above them, up to k: a memory
     whose every source is already covered adds no new evidence (e.g. a fragment below its turn)."""
     sources = q.index.meta.column("source_ids").take(rows).to_pylist()
     idx = novel_order(sources, np.arange(len(sources)), q.k)
     q.deduped = True
     q.signals["skipped_redundant"] = int(len(rows) - idx.size) if idx.size < q.k else 0
-    return rows[idx], scores[idx], None
+    return rows[idx], scores[idx], route
+
+
+def _top(q: Query, rows: np.ndarray, ranked: np.ndarray, route: str | None, dedupe: bool) -> Result:
+    """The best k rows by `ranked`; with `dedupe` the novel ones among the best k × DEDUPE_POOL."""
+    top = rfmem.top_k(ranked, q.k * DEDUPE_POOL if dedupe else q.k)
+    if dedupe:
+        return _novel(q, rows[top], ranked[top], route)
+    return rows[top], ranked[top], route
+
+
+def familiarity_signal(q: Query, probe: np.ndarray) -> tuple[float, float]:
+    """RF-Mem's (mean, entropy) of the probe's top `probe_k` scores, recorded in the signals."""
+    s = q.settings
+    top = rfmem.top_k(probe, s.probe_k)
+    mean, ent = rfmem.familiarity_signal(probe[top], s.lam, s.entropy_normalized)
+    q.signals.update(probe_mean=round(mean, 4), entropy=round(ent, 4))
+    return mean, ent
 
 
 def _one_shot(q: Query, kinds: tuple[str, ...] | None, fused: bool) -> Result:
@@ -101,11 +122,7 @@ def _one_shot(q: Query, kinds: tuple[str, ...] | None, fused: bool) -> Result:
     scores = z @ q.vector
     if fused:
         scores = scores + q.prior(rows, scores)
-    if fused and q.settings.dedupe_sources:
-        top = rfmem.top_k(scores, q.k * 4)
-        return _novel(q, rows[top], scores[top])[:2] + (rfmem.FAMILIARITY,)
-    top = rfmem.top_k(scores, q.k)
-    return rows[top], scores[top], rfmem.FAMILIARITY
+    return _top(q, rows, scores, rfmem.FAMILIARITY, fused and q.settings.dedupe_sources)
 
 
 def dense(q: Query) -> Result:
@@ -140,9 +157,7 @@ def _rfmem(q: Query, *, route: str | None, fused: bool, calibrated: bool = False
     if rows.size == 0:
         return rows, np.zeros(0, np.float32), route or rfmem.RECOLLECTION
     probe = z @ q.vector
-    probe_top = rfmem.top_k(probe, s.probe_k)
-    mean, ent = rfmem.familiarity_signal(probe[probe_top], s.lam, s.entropy_normalized)
-    q.signals.update(probe_mean=round(mean, 4), entropy=round(ent, 4))
+    mean, ent = familiarity_signal(q, probe)
     if route is None:
         hi, lo, tau = _thresholds(q, calibrated)
         route = rfmem.gate(mean, ent, hi, lo, tau)
@@ -150,10 +165,7 @@ def _rfmem(q: Query, *, route: str | None, fused: bool, calibrated: bool = False
     ranked = probe + prior if prior is not None else probe
     dedupe = fused and s.dedupe_sources
     if route == rfmem.FAMILIARITY:
-        top = rfmem.top_k(ranked, q.k * 4 if dedupe else q.k)
-        if dedupe:
-            return _novel(q, rows[top], ranked[top])[:2] + (route,)
-        return rows[top], ranked[top], route
+        return _top(q, rows, ranked, route, dedupe)
     rec = rfmem.recollection(q.vector, z, q.k, beam=s.beam, fanout=s.fanout, rounds=s.rounds, alpha=s.alpha,
                              prior=prior, probe_scores=probe, kmeans_iters=s.kmeans_iters,
                              early_stop=not s.full_exploration)
@@ -162,7 +174,7 @@ def _rfmem(q: Query, *, route: str | None, fused: bool, calibrated: bool = False
     if s.rerank_union:  # Appendix D.9: re-rank the collected union by the original query's score
         order = rfmem.top_k(ranked[idx], q.k)
         idx, sc = idx[order], ranked[idx][order]
-    want = q.k * 4 if dedupe else q.k
+    want = q.k * DEDUPE_POOL if dedupe else q.k
     if idx.size < want:  # the truncated union came up short: fill from the probe ranking
         have = set(idx.tolist())
         extra = [i for i in rfmem.top_k(ranked, want + idx.size).tolist() if i not in have][: want - idx.size]
@@ -170,7 +182,7 @@ def _rfmem(q: Query, *, route: str | None, fused: bool, calibrated: bool = False
         idx = np.concatenate([idx, np.asarray(extra, dtype=np.int64)])
         sc = np.concatenate([sc, ranked[extra].astype(np.float32)])
     if dedupe:
-        return _novel(q, rows[idx], sc)[:2] + (route,)
+        return _novel(q, rows[idx], sc, route)
     return rows[idx], sc, route
 
 

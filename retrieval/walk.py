@@ -351,8 +351,9 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
         score[i] += x
     q.signals["walk_boosted"] = len(add)
     from retrieval.rfmem import top_k
+    from retrieval.strategies import DEDUPE_POOL
 
-    order = top_k(score, max(q.k * 4, q.k))
+    order = top_k(score, q.k * DEDUPE_POOL)
     return rows[order], score[order].astype(np.float32)
 
 
@@ -361,7 +362,7 @@ def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, n
     `rfmem-hybrid-walk` (RF-Mem's gate; its recollection route is the walk instead of Algorithm 3).
     Users without a graph get RF-Mem's recollection."""
     from retrieval import rfmem
-    from retrieval.strategies import _novel, _rfmem, _subset, _thresholds
+    from retrieval.strategies import _novel, _rfmem, _subset, _thresholds, _top, familiarity_signal
 
     s = q.settings
     rows, z = _subset(q)
@@ -370,18 +371,15 @@ def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, n
     probe = z @ q.vector
     route = rfmem.RECOLLECTION
     if gate:
-        probe_top = rfmem.top_k(probe, s.probe_k)
-        mean, ent = rfmem.familiarity_signal(probe[probe_top], s.lam, s.entropy_normalized)
-        q.signals.update(probe_mean=round(mean, 4), entropy=round(ent, 4))
-        hi, lo, tau = _thresholds(q, False)
-        route = rfmem.gate(mean, ent, hi, lo, tau)
-    if route == rfmem.FAMILIARITY:
-        return _rfmem(q, route=rfmem.FAMILIARITY, fused=fused)
+        mean, ent = familiarity_signal(q, probe)
+        route = rfmem.gate(mean, ent, *_thresholds(q, False))
     ranked = probe + q.prior(rows, probe) if fused else probe
+    if route == rfmem.FAMILIARITY:
+        return _top(q, rows, ranked, route, fused and s.dedupe_sources)
     out = expand(q, rows, ranked, **MERGE)
     if out is None:
         return _rfmem(q, route=rfmem.RECOLLECTION, fused=fused)
     idx, sc = out
     if s.dedupe_sources:  # as the hybrid strategies: boosted turns often repeat a fragment above them
-        return _novel(q, idx, sc)[:2] + (rfmem.RECOLLECTION,)
+        return _novel(q, idx, sc, rfmem.RECOLLECTION)
     return idx[: q.k], sc[: q.k], rfmem.RECOLLECTION
