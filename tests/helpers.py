@@ -1,16 +1,111 @@
-"""Helpers shared by the consolidation tests: the sample archive cut in two, and a simulated kill."""
+"""Helpers shared by the tests: the sample archive (whole, consolidated, cut in two), store copies and
+snapshots, a simulated kill, and a tiny hand-written two-user memory for the retrieval tests."""
 from __future__ import annotations
 
 import json
+import shutil
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pytest
 
+from memory.ingest import ingest
+from memory.runs import RunReport, consolidate, open_store, stats
+from memory.settings import Settings
 from memory.store import Store
 
-SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample.jsonl"
+if TYPE_CHECKING:
+    from memory.embed import Embedder
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "examples" / "sample.jsonl"
+LOCOMO = REPO.parent / "shared/data/locomo/locomo_dev5.json"
+
+
+# -- stores built from the sample ----------------------------------------------------------------
+def build_consolidated(root: Path, **settings: Any) -> tuple[Path, RunReport]:
+    """The sample archive ingested into a new store at `root` and consolidated once."""
+    s = Settings(store=str(root), **settings)
+    store = open_store(s)
+    ingest(store, SAMPLE, "jsonl")
+    return root, consolidate(store, s)
+
+
+def copy_store(src: Path | str, dst: Path) -> Store:
+    """A copy of the store directory `src` at `dst` (a few ms), opened."""
+    shutil.copytree(src, dst)
+    return open_store(Settings(store=str(dst)))
+
+
+@dataclass(frozen=True)
+class SampleSplit:
+    """The sample cut in two by `split_sample`: the batch files, the store after consolidating batch 1
+    only, and the store after ingesting and consolidating batch 2 on top (default Settings)."""
+
+    a: Path
+    b: Path
+    first: Path
+    two: Path
+
+
+def build_split(tmp: Path) -> SampleSplit:
+    a, b = split_sample(tmp)
+    settings = Settings(store=str(tmp / "two"))
+    store = open_store(settings)
+    ingest(store, a, "jsonl")
+    consolidate(store, settings)
+    shutil.copytree(tmp / "two", tmp / "first")
+    ingest(store, b, "jsonl")
+    consolidate(store, settings)
+    return SampleSplit(a, b, tmp / "first", tmp / "two")
+
+
+def ingest_and_consolidate(root: Path, *parts: Path, **settings: Any) -> Store:
+    """A new store at `root`: each archive part ingested, then consolidated, in turn."""
+    s = Settings(store=str(root), **settings)
+    store = open_store(s)
+    for part in parts:
+        ingest(store, part, "jsonl")
+        consolidate(store, s)
+    return store
+
+
+def crash_before_watermarks(monkeypatch: pytest.MonkeyPatch, store: Store, batch: Path) -> Store:
+    """On a consolidated store: ingest `batch`, a consolidation killed the moment it writes the
+    watermarks (everything else of it written), then the re-run that heals it."""
+    settings = Settings(store=store.uri)
+    ingest(store, batch, "jsonl")
+    with killed_before(monkeypatch, "watermarks"):
+        consolidate(store, settings)
+    consolidate(store, settings)
+    return store
+
+
+def snapshot(store: Store, tables: Iterable[str], *, content_columns: Iterable[str] = (),
+             with_stats: bool = False) -> dict[str, Any]:
+    """The ids of each of `tables` (None for a table the store lacks), asserting that every table of
+    the store has unique ids; with `content_columns`, the content of the fragments and insights rows
+    in those columns (run ids and timestamps left out); with `with_stats`, `mnemo stats`."""
+    tables = tuple(tables)
+    snap: dict[str, Any] = {}
+    for name in store.table_names():
+        ids = store.read(name, columns=["id"]).column("id").to_pylist()
+        assert len(ids) == len(set(ids)), f"duplicate ids in {name}: {len(ids)} rows, {len(set(ids))} ids"
+        if name in tables:
+            snap[name] = set(ids)
+    for name in tables:
+        snap.setdefault(name, None)  # a missing table is told apart from an empty one
+    columns = list(content_columns)
+    if columns:
+        for name in ("fragments", "insights"):
+            rows = store.read(name, columns=columns).to_pylist()
+            snap[name + ":content"] = {json.dumps(r, sort_keys=True) for r in rows}
+    if with_stats:
+        snap["stats"] = stats(store)
+    return snap
 
 
 def split_sample(tmp: Path) -> tuple[Path, Path]:
@@ -48,3 +143,44 @@ def killed_before(monkeypatch: pytest.MonkeyPatch, table: str) -> Iterator[None]
             yield
     finally:
         monkeypatch.setattr(Store, "upsert", real)
+
+
+# -- a hand-written two-user memory for the retrieval tests -----------------------------------------
+ALICE = [
+    ("I went hiking in the Alps with my sister last summer", 1),
+    ("My dog is called Rex and he loves the beach", 2),
+    ("I started painting sunsets in watercolor", 3),
+    ("Work has been stressful since the promotion", 4),
+    ("We adopted a kitten named Luna yesterday", 5),
+    ("My favourite band is Radiohead, I saw them live in Paris", 6),
+]
+BOB = [("I play chess every Tuesday at the club", 1), ("My dog Bruno chewed my shoes", 2)]
+
+
+def ts(day: int) -> datetime:
+    return datetime(2023, 5, day, 12, 0, tzinfo=timezone.utc)
+
+
+def write_user(store: Store, emb: "Embedder", user: str, turns: list[tuple[str, int]]) -> None:
+    """Messages, one fragment per message and one insight for `user`, embedded with `emb`."""
+    msgs = [{"id": f"{user}-m{i}", "user_id": user, "session_id": f"{user}-s{day}", "message_id": f"{user}:D1:{i}",
+             "seq": i, "speaker": user.title(), "text": text, "ts": ts(day)} for i, (text, day) in enumerate(turns)]
+    for m, v in zip(msgs, emb.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
+        m["vector"] = v
+    store.upsert("messages", msgs)
+    frags = []
+    for i, (text, day) in enumerate(turns):
+        key = " ".join(text.split()[1:4]).lower()
+        frags.append({"id": f"{user}-f{i}", "user_id": user, "session_id": f"{user}-s{day}", "session_ts": ts(day),
+                      "subject": user.title(), "category": "factual", "key": key, "content": text,
+                      "date": f"2023-05-{day:02d}", "text": f"{key}: {user.title()} said {text}",
+                      "source_ids": [f"{user}:D1:{i}"]})
+    for f, v in zip(frags, emb.embed([f["text"] for f in frags])):
+        f["vector"] = v
+    store.upsert("fragments", frags)
+    ins = {"id": f"{user}-i0", "user_id": user, "key": "pets", "content": f"{user.title()} has pets",
+           "date": "2023-05-02 to 2023-05-05", "text": f"pets: {user.title()} has pets and cares for them",
+           "source_ids": [m["message_id"] for m in msgs[:2]], "parent_ids": [frags[0]["id"]],
+           "session_ts": ts(5)}
+    ins["vector"] = emb.embed([ins["text"]])[0]
+    store.upsert("insights", [ins])

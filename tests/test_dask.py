@@ -2,7 +2,6 @@
 builds exactly the memory the default thread runner builds on an identical store."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -10,28 +9,19 @@ import pytest
 
 from flows.consolidate import run_flow, task_runner_for
 from memory.ingest import ingest
-from memory.runs import open_store, stats
+from memory.runs import open_store
 from memory.settings import Settings
 from memory.store import Store
+from tests.helpers import SAMPLE, snapshot
 
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample.jsonl"
 ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
 
 
 def _snapshot(store: Store) -> dict[str, Any]:
-    snap: dict[str, Any] = {}
-    for name in store.table_names():
-        ids = store.read(name, columns=["id"]).column("id").to_pylist()
-        assert len(ids) == len(set(ids)), f"duplicate ids in {name}"
-        if name in ID_TABLES:
-            snap[name] = set(ids)
-    for name in ("fragments", "insights"):
-        rows = store.read(name, columns=["id", "user_id", "text", "date", "source_ids"]).to_pylist()
-        snap[name + ":content"] = {json.dumps(r, sort_keys=True) for r in rows}
-    snap["stats"] = stats(store)
-    return snap
+    return snapshot(store, ID_TABLES, content_columns=["id", "user_id", "text", "date", "source_ids"],
+                    with_stats=True)
 
 
 def test_task_runner_choice() -> None:

@@ -8,16 +8,11 @@ from typing import Any, Callable, ContextManager, Iterator
 import httpx
 import pytest
 
-from memory.embed import Embedder, get_embedder
+from memory.embed import Embedder
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
 from retrieval.feedback import InvalidFeedbackError, read_feedback
 from retrieval.service import create_app
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Embedder:
-    return get_embedder()
 
 
 def _messages(user: str, texts: list[str], emb: Embedder) -> list[dict]:

@@ -7,7 +7,6 @@ All flow tests share one session-scoped `prefect_test_harness` (a Prefect server
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -21,11 +20,11 @@ from memory.errors import LLMError
 from memory.ingest import ingest
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
 from memory.llm.runner import backend_error
-from memory.runs import consolidate, open_store, stats
+from memory.runs import open_store, stats
 from memory.settings import Settings
 from memory.store import Store
+from tests.helpers import SAMPLE, snapshot
 
-SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample.jsonl"
 ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
 
 
@@ -55,14 +54,8 @@ def _no_duplicates(store: Store) -> None:
 
 def _snapshot(store: Store) -> dict[str, Any]:
     """Ids per table and the content of memory rows (run ids, timestamps, provenance excluded)."""
-    _no_duplicates(store)
-    snap: dict[str, Any] = {name: set(store.read(name, columns=["id"]).column("id").to_pylist())
-                            for name in ID_TABLES}
-    for name in ("fragments", "insights"):
-        rows = store.read(name, columns=["id", "user_id", "text", "date", "source_ids"]).to_pylist()
-        snap[name + ":content"] = {json.dumps(r, sort_keys=True) for r in rows}
-    snap["stats"] = stats(store)
-    return snap
+    return snapshot(store, ID_TABLES, content_columns=["id", "user_id", "text", "date", "source_ids"],
+                    with_stats=True)
 
 
 def _runs(store: Store) -> list[dict[str, Any]]:
@@ -104,12 +97,9 @@ def flow_store(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="module")
-def local_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+def local_store(module_sample_store: Store) -> Store:
     """The same archive consolidated by the stages without Prefect (the reference)."""
-    root = tmp_path_factory.mktemp("local") / "store"
-    store = _ingested(root)
-    consolidate(store, _settings(root))
-    return store
+    return module_sample_store
 
 
 # -- tests --------------------------------------------------------------------------------

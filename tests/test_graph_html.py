@@ -11,24 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from memory.graph_html import graph_data, render
-from memory.ingest import ingest
-from memory.runs import consolidate, open_store
-from memory.settings import Settings
 from memory.store import Store
 
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
 
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = Settings(store=str(tmp_path_factory.mktemp("html") / "store"))
-    st = open_store(s)
-    ingest(st, SAMPLE, "jsonl")
-    consolidate(st, s)
-    return st
-
-
-def test_page_is_self_contained(store: Store) -> None:
+def test_page_is_self_contained(module_sample_store: Store) -> None:
+    store = module_sample_store
     user = store.users()[0]
     data = graph_data(store, user)
     assert data["nodes"] and data["phases"] and data["profile"]
@@ -45,9 +32,10 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-def test_rendered_page_draws_every_node(store: Store, tmp_path: Path) -> None:
+def test_rendered_page_draws_every_node(module_sample_store: Store, tmp_path: Path) -> None:
     from flows.cli import app
 
+    store = module_sample_store
     user = store.users()[0]
     out = tmp_path / "graph.html"
     res = CliRunner().invoke(app, ["--store", store.uri, "graph", user, "--html", str(out)])

@@ -16,9 +16,8 @@ from memory.errors import IngestError
 from memory.ids import make_id
 from memory.ingest import FORMATS, IngestReport, ingest, read_archive
 from memory.store import Store
+from tests.helpers import LOCOMO, SAMPLE
 
-LOCOMO = Path(__file__).parents[2] / "shared/data/locomo/locomo_dev5.json"
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
 TABLES = ("messages", "sessions", "observations", "quarantine")
 UTC = timezone.utc
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -104,24 +102,10 @@ def _app(state: dict[str, Script]) -> FastAPI:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, dict[str, Script]]]:
+def server(serve_app: Callable[..., ContextManager[str]]) -> Iterator[tuple[str, dict[str, Script]]]:
     state = {"script": Script()}
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(_app(state), log_level="warning", access_log=False,
-                                        timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline, "test server did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}/v1", state
-    srv.should_exit = True
-    thread.join(5)
-    sock.close()
+    with serve_app(_app(state), access_log=False, timeout_graceful_shutdown=1) as base:
+        yield f"{base}/v1", state
 
 
 @pytest.fixture

@@ -25,11 +25,10 @@ import pytest
 from memory.ingest import ingest
 from memory.runs import open_store, stats
 from memory.settings import Settings
+from tests.helpers import REPO, SAMPLE
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "examples" / "sample.jsonl"
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 POOL = "mnemo"  # the work pool named in infra/prefect.yaml
 RUN_TIMEOUT_S = 240

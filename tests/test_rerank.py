@@ -13,6 +13,7 @@ from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
 from retrieval.rerank import (GLOBAL, Example, Reranker, TrainConfig, _loss_grad, load_latest, save_version,
                               scope_key, train, train_reranker)
+from tests.helpers import ALICE, BOB, write_user
 
 DIM = 16
 
@@ -97,14 +98,10 @@ def test_versions_roundtrip_and_corrupt_ones_are_ignored(store: Store, caplog: p
 
 
 @pytest.fixture()
-def retriever(store: Store) -> Retriever:
-    from tests.test_retrieval import ALICE, BOB, _write_user
-    from memory.embed import get_embedder
-
-    emb: Embedder = get_embedder()
-    _write_user(store, emb, "alice", ALICE)
-    _write_user(store, emb, "bob", BOB)
-    return Retriever(store, RetrievalSettings(refresh_ms=0), embedder=emb)
+def retriever(store: Store, embedder: Embedder) -> Retriever:
+    write_user(store, embedder, "alice", ALICE)
+    write_user(store, embedder, "bob", BOB)
+    return Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder)
 
 
 def test_retriever_reranks_top_k_to_top_m(retriever: Retriever, caplog: pytest.LogCaptureFixture) -> None:

@@ -2,7 +2,6 @@
 every strategy, tenant isolation, unknown and malformed users, cache refresh, context, citations."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -10,64 +9,20 @@ import numpy as np
 import pytest
 
 import retrieval
-from memory.embed import Embedder, get_embedder
+from memory.embed import Embedder
 from memory.errors import InvalidUserIdError
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever, UnknownStrategyError, citation_prompt, parse_citations
 from retrieval.context import approx_tokens, build_context
 from retrieval.settings import PAPER
-
-ALICE = [
-    ("I went hiking in the Alps with my sister last summer", 1),
-    ("My dog is called Rex and he loves the beach", 2),
-    ("I started painting sunsets in watercolor", 3),
-    ("Work has been stressful since the promotion", 4),
-    ("We adopted a kitten named Luna yesterday", 5),
-    ("My favourite band is Radiohead, I saw them live in Paris", 6),
-]
-BOB = [("I play chess every Tuesday at the club", 1), ("My dog Bruno chewed my shoes", 2)]
-
-
-@pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    emb = get_embedder()
-    emb.embed(["warm up"])
-    return emb
-
-
-def _ts(day: int) -> datetime:
-    return datetime(2023, 5, day, 12, 0, tzinfo=timezone.utc)
-
-
-def _write_user(store: Store, emb: Embedder, user: str, turns: list[tuple[str, int]]) -> None:
-    msgs = [{"id": f"{user}-m{i}", "user_id": user, "session_id": f"{user}-s{day}", "message_id": f"{user}:D1:{i}",
-             "seq": i, "speaker": user.title(), "text": text, "ts": _ts(day)} for i, (text, day) in enumerate(turns)]
-    for m, v in zip(msgs, emb.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
-        m["vector"] = v
-    store.upsert("messages", msgs)
-    frags = []
-    for i, (text, day) in enumerate(turns):
-        key = " ".join(text.split()[1:4]).lower()
-        frags.append({"id": f"{user}-f{i}", "user_id": user, "session_id": f"{user}-s{day}", "session_ts": _ts(day),
-                      "subject": user.title(), "category": "factual", "key": key, "content": text,
-                      "date": f"2023-05-{day:02d}", "text": f"{key}: {user.title()} said {text}",
-                      "source_ids": [f"{user}:D1:{i}"]})
-    for f, v in zip(frags, emb.embed([f["text"] for f in frags])):
-        f["vector"] = v
-    store.upsert("fragments", frags)
-    ins = {"id": f"{user}-i0", "user_id": user, "key": "pets", "content": f"{user.title()} has pets",
-           "date": "2023-05-02 to 2023-05-05", "text": f"pets: {user.title()} has pets and cares for them",
-           "source_ids": [m["message_id"] for m in msgs[:2]], "parent_ids": [frags[0]["id"]],
-           "session_ts": _ts(5)}
-    ins["vector"] = emb.embed([ins["text"]])[0]
-    store.upsert("insights", [ins])
+from tests.helpers import ALICE, BOB, ts, write_user
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
     st = Store(str(tmp_path_factory.mktemp("retrieval") / "store"), dim=embedder.dim)
-    _write_user(st, embedder, "alice", ALICE)
-    _write_user(st, embedder, "bob", BOB)
+    write_user(st, embedder, "alice", ALICE)
+    write_user(st, embedder, "bob", BOB)
     return st
 
 
@@ -133,12 +88,12 @@ def test_signals_and_forced_routes(retriever: Retriever) -> None:
 
 def test_new_consolidation_results_are_seen(tmp_path: Path, embedder: Embedder) -> None:
     st = Store(str(tmp_path / "s"), dim=embedder.dim)
-    _write_user(st, embedder, "dana", BOB)
+    write_user(st, embedder, "dana", BOB)
     r = Retriever.open(st.uri, RetrievalSettings(refresh_ms=0), embedder=embedder)
     before = r.retrieve("dana", "kayak trip", k=20)
     row = {"id": "dana-new", "user_id": "dana", "key": "kayak", "content": "went kayaking", "date": "2023-06-01",
            "text": "kayak: Dana went on a kayak trip in Norway", "source_ids": ["dana:D9:1"],
-           "session_ts": _ts(30), "vector": embedder.embed(["kayak: Dana went on a kayak trip in Norway"])[0]}
+           "session_ts": ts(30), "vector": embedder.embed(["kayak: Dana went on a kayak trip in Norway"])[0]}
     Store(st.uri, dim=embedder.dim).upsert("fragments", [row])  # another writer
     after = r.retrieve("dana", "kayak trip", k=20)
     assert "dana-new" not in before.ids and after.ids[0] == "dana-new"

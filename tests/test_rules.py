@@ -5,7 +5,6 @@ import json
 import re
 import time
 from datetime import datetime
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -14,8 +13,8 @@ from memory import prompts
 from memory.dates import find_time_expression, normalize_date, time_match
 from memory.llm.base import LLMRequest, _REGISTRY
 from memory.llm.rules import RulesBackend, TASKS, categorize, key_phrase, third_person
+from tests.helpers import LOCOMO
 
-LOCOMO = Path(__file__).parents[2] / "shared/data/locomo/locomo_dev5.json"
 MSG_DAY = datetime(2023, 5, 8, 13, 56)        # a Monday
 
 

@@ -7,17 +7,12 @@ from typing import Any, Callable, ContextManager, Iterator
 import httpx
 import pytest
 
-from memory.embed import Embedder, get_embedder
+from memory.embed import Embedder
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
 from retrieval.service import create_app
 
 KEY = "test-key-123"
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Embedder:
-    return get_embedder()
 
 
 @pytest.fixture(scope="module")

@@ -3,22 +3,16 @@ bounds, Table 4/5 prompts, extractive `rules` summaries, phase and profile rows 
 incremental re-synthesis, retrieval of summaries, the profile first in the context, `mnemo profile`."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from memory import prompts
-from memory.ingest import ingest
 from memory.llm.rules import TASKS
-from memory.runs import consolidate, open_store
-from memory.settings import Settings
 from memory.store import Store
 from memory.summarize import MAX_PHASE, MIN_PHASE, PROFILE_KEY, read_profile, segment
-
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
+from tests.helpers import SampleSplit, copy_store
 
 
 def _topics(sizes: list[int], dim: int = 32, seed: int = 0) -> np.ndarray:
@@ -76,28 +70,15 @@ def test_rules_summaries_are_extractive() -> None:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Store]:
+def stores(tmp_path_factory: pytest.TempPathFactory, module_sample_store: Store,
+           split_sample_stores: SampleSplit) -> tuple[Store, Store]:
+    """The sample consolidated in one batch, and in two (split_sample) with the phase ids of batch 1
+    as `first_phases`. Copies of the session's stores: tests must not write them."""
     tmp = tmp_path_factory.mktemp("summ")
-    s1 = Settings(store=str(tmp / "one"))
-    one = open_store(s1)
-    ingest(one, SAMPLE, "jsonl")
-    consolidate(one, s1)
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
-    rows.sort(key=lambda r: r["timestamp"])
-    cut = rows[len(rows) // 2]["timestamp"]
-    sessions = {}
-    for r in rows:
-        sessions.setdefault((r["user_id"], r["session_id"]), r["timestamp"])
-    early = {k for k, ts in sessions.items() if ts < cut}
-    (tmp / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows if (r["user_id"], r["session_id"]) in early))
-    s2 = Settings(store=str(tmp / "two"))
-    two = open_store(s2)
-    ingest(two, tmp / "a.jsonl", "jsonl")
-    consolidate(two, s2)
-    two.first_phases = {r["id"] for r in two.read("summaries").to_pylist() if r["level"] == "phase"}  # type: ignore[attr-defined]
-    ingest(two, SAMPLE, "jsonl")
-    consolidate(two, s2)
-    return one, two
+    first = copy_store(split_sample_stores.first, tmp / "first")
+    two = copy_store(split_sample_stores.two, tmp / "two")
+    two.first_phases = {r["id"] for r in first.read("summaries").to_pylist() if r["level"] == "phase"}  # type: ignore[attr-defined]
+    return module_sample_store, two
 
 
 def test_phases_cover_every_fragment_once(stores: tuple[Store, Store]) -> None:

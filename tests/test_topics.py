@@ -17,9 +17,7 @@ from memory.llm.runner import LLMRunner, check
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
-from tests.helpers import killed_before, split_sample
-
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
+from tests.helpers import SAMPLE, crash_before_watermarks, ingest_and_consolidate, split_sample
 
 
 def test_merge_answers_are_parsed_strictly() -> None:
@@ -82,20 +80,11 @@ def _snapshot(store: Store) -> dict[str, Any]:
             for r in rows}
 
 
-def _run(tmp: Path, name: str, *parts: Path) -> Store:
-    settings = Settings(store=str(tmp / name))
-    store = open_store(settings)
-    for part in parts:
-        ingest(store, part, "jsonl")
-        consolidate(store, settings)
-    return store
-
-
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Store:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(topics, "MERGE_THRESHOLD", 0.45)
-        return _run(tmp_path_factory.mktemp("topics"), "clean", SAMPLE)
+        return ingest_and_consolidate(tmp_path_factory.mktemp("topics") / "clean", SAMPLE)
 
 
 def test_topics_are_memories_with_provenance(clean: Store) -> None:
@@ -127,22 +116,15 @@ def test_rerun_changes_nothing(clean: Store) -> None:
 
 def test_two_batches_equal_one(clean: Store, tmp_path: Path) -> None:
     a, b = split_sample(tmp_path)
-    two = _run(tmp_path, "two", a, b)
+    two = ingest_and_consolidate(tmp_path / "two", a, b)
     assert _snapshot(two) == _snapshot(clean)
 
 
 def test_crash_after_topics_before_watermarks_converges(clean: Store, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Topics (merges included) written, watermarks not: the re-run rolls the bank back and redoes it."""
-    a, b = split_sample(tmp_path)
-    settings = Settings(store=str(tmp_path / "crash"))
-    store = open_store(settings)
-    ingest(store, a, "jsonl")
-    consolidate(store, settings)
-    ingest(store, b, "jsonl")
-    with killed_before(monkeypatch, "watermarks"):
-        consolidate(store, settings)
-    consolidate(store, settings)
+    a, b = split_sample(tmp_path)  # batch 1 consolidated here: merges depend on the patched threshold
+    store = crash_before_watermarks(monkeypatch, ingest_and_consolidate(tmp_path / "crash", a), b)
     assert _snapshot(store) == _snapshot(clean)
 
 

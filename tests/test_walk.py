@@ -4,18 +4,13 @@ the raw turns they cite), the walk strategies on a consolidated store and withou
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from memory.ingest import ingest
-from memory.runs import consolidate, open_store
-from memory.settings import Settings
 from memory.store import Store
+from retrieval import RetrievalSettings, Retriever
 from retrieval.walk import Graph, WalkParams, _rng, node_weights, transitions, walk
-
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
 
 
 def _graph() -> Graph:
@@ -99,21 +94,17 @@ def test_walk_reach_is_the_best_eq_2_score_and_restarts_stay_deterministic() -> 
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = Settings(store=str(tmp_path_factory.mktemp("walk") / "store"))
-    st = open_store(s)
-    ingest(st, SAMPLE, "jsonl")
-    consolidate(st, s)
-    return st
+def retriever(module_sample_store: Store) -> Retriever:
+    """One retriever (one warm index per user) over this module's copy of the consolidated sample."""
+    return Retriever(module_sample_store, RetrievalSettings(refresh_ms=0))
 
 
 @pytest.mark.parametrize("strategy", ["walk", "hybrid-walk", "rfmem-walk", "rfmem-hybrid-walk"])
-def test_walk_strategies_on_a_store(store: Store, strategy: str) -> None:
-    from retrieval import RetrievalSettings, Retriever
+def test_walk_strategies_on_a_store(retriever: Retriever, strategy: str) -> None:
     from retrieval.context import is_profile
 
-    r = Retriever(store, RetrievalSettings(refresh_ms=0))
-    user = store.users()[0]
+    r = retriever
+    user = r.store.users()[0]
     res = r.retrieve(user, "what did they do on the weekend?", k=5, strategy=strategy)
     ranked = [it for it in res.items if not is_profile(it)]
     assert 0 < len(ranked) <= 5 and len({it.id for it in ranked}) == len(ranked)
@@ -124,14 +115,10 @@ def test_walk_strategies_on_a_store(store: Store, strategy: str) -> None:
         assert res.signals["walk_steps"] > 0
 
 
-def test_walk_without_graph_falls_back(tmp_path: Path) -> None:
-    from retrieval import RetrievalSettings, Retriever
+def test_walk_without_graph_falls_back(sample_store: Store) -> None:
     from retrieval.walk import graph_for
 
-    s = Settings(store=str(tmp_path / "s"))
-    st = open_store(s)
-    ingest(st, SAMPLE, "jsonl")
-    consolidate(st, s)
+    st = sample_store  # a private copy of the consolidated sample
     st.drop_table("graph_nodes")
     r = Retriever(st, RetrievalSettings(refresh_ms=0))
     user = st.users()[0]
@@ -147,13 +134,12 @@ def test_days_between_sessions() -> None:
     assert days(t, t + timedelta(hours=36)) == pytest.approx(1.5)
 
 
-def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(retriever: Retriever, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a bonus, `hybrid-walk` ranks exactly as `hybrid`; with one, no row gains more than it."""
-    from retrieval import RetrievalSettings, Retriever
     from retrieval import walk as walk_mod
 
-    r = Retriever(store, RetrievalSettings(refresh_ms=0))
-    user = store.users()[0]
+    r = retriever
+    user = r.store.users()[0]
     text = "what did they do on the weekend?"
     hyb = r.retrieve(user, text, k=5, strategy="hybrid")
     monkeypatch.setitem(walk_mod.MERGE, "bonus", 0.0)
@@ -169,12 +155,10 @@ def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(store: Store, monkeypatch: py
             assert base[it.id] - 1e-6 <= it.score <= base[it.id] + bonus + 1e-6
 
 
-def test_graph_cites_the_raw_turns_of_each_node(store: Store) -> None:
-    from retrieval import RetrievalSettings, Retriever
+def test_graph_cites_the_raw_turns_of_each_node(retriever: Retriever) -> None:
     from retrieval.walk import graph_for
 
-    r = Retriever(store, RetrievalSettings(refresh_ms=0))
-    idx = r.user_index(store.users()[0])
+    idx = retriever.user_index(retriever.store.users()[0])
     g = graph_for(idx)
     assert g is not None and g.size > 0 and len(g.cites) == g.size
     sources = idx.meta.column("source_ids").to_pylist()
@@ -185,16 +169,15 @@ def test_graph_cites_the_raw_turns_of_each_node(store: Store) -> None:
             assert set(sources[row]) <= set(sources[int(g.rows[node])])
 
 
-def test_expand_boosts_the_turns_cited_by_walked_nodes(store: Store) -> None:
+def test_expand_boosts_the_turns_cited_by_walked_nodes(retriever: Retriever) -> None:
     """Each row gains bonus × the largest visits / max visits of a walked non-seed node citing it;
     seeds, uncited rows and the nodes themselves keep their starting score."""
-    from retrieval import RetrievalSettings, Retriever
     from retrieval.strategies import Query
     from retrieval.walk import MERGE, expand, graph_for, walk_from_scores
 
-    settings = RetrievalSettings(refresh_ms=0)
-    r = Retriever(store, settings)
-    user = store.users()[0]
+    r = retriever
+    settings = r.settings
+    user = r.store.users()[0]
     idx = r.user_index(user)
     vec = r.embed(["what did they do on the weekend?"])[0]
     q = Query(idx, vec, None, 5, settings, settings.kinds)
@@ -224,13 +207,12 @@ def test_expand_boosts_the_turns_cited_by_walked_nodes(store: Store) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["walk", "hybrid-walk"])
-def test_walk_results_are_deduplicated(store: Store, strategy: str) -> None:
+def test_walk_results_are_deduplicated(retriever: Retriever, strategy: str) -> None:
     """No returned memory cites only messages already cited above it."""
-    from retrieval import RetrievalSettings, Retriever
     from retrieval.context import is_profile
 
-    r = Retriever(store, RetrievalSettings(refresh_ms=0))
-    user = store.users()[0]
+    r = retriever
+    user = r.store.users()[0]
     for text in ("what did they do on the weekend?", "work", "family and friends"):
         res = r.retrieve(user, text, k=8, strategy=strategy)
         seen: set[str] = set()
@@ -241,12 +223,10 @@ def test_walk_results_are_deduplicated(store: Store, strategy: str) -> None:
             seen |= set(it.source_ids)
 
 
-def test_walk_never_seeds_from_unsearched_kinds(store: Store) -> None:
+def test_walk_never_seeds_from_unsearched_kinds(retriever: Retriever) -> None:
     """Searching raw turns only (no graph node searched): no seeds, no walk, the cosine ranking."""
-    from retrieval import RetrievalSettings, Retriever
-
-    r = Retriever(store, RetrievalSettings(refresh_ms=0))
-    user = store.users()[0]
+    r = retriever
+    user = r.store.users()[0]
     text = "what did they do on the weekend?"
     res = r.retrieve(user, text, k=5, strategy="walk", kinds=["message"])
     dense = r.retrieve(user, text, k=5, strategy="familiarity", kinds=["message"])

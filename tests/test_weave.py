@@ -8,14 +8,11 @@ from typing import Any
 
 import pytest
 
-from memory.ingest import ingest
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
-from tests.helpers import killed_before, split_sample
 from memory.weave import K_DEFAULT, choose_k
-
-SAMPLE = Path(__file__).parents[1] / "examples" / "sample.jsonl"
+from tests.helpers import SampleSplit, copy_store, crash_before_watermarks
 
 
 def graph(store: Store) -> dict[str, Any]:
@@ -27,20 +24,14 @@ def graph(store: Store) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Store]:
+def stores(tmp_path_factory: pytest.TempPathFactory, module_sample_store: Store,
+           split_sample_stores: SampleSplit) -> dict[str, Store]:
+    """one: the sample in one batch; two: in two (split_sample); first: two's graph after batch 1;
+    rebuilt: two with its graph rebuilt. Copies of the session's stores: tests must not write them."""
     tmp = tmp_path_factory.mktemp("weave")
-    one_s = Settings(store=str(tmp / "one"))
-    one = open_store(one_s)
-    ingest(one, SAMPLE, "jsonl")
-    consolidate(one, one_s)
-    a, b = split_sample(tmp)
-    two_s = Settings(store=str(tmp / "two"))
-    two = open_store(two_s)
-    ingest(two, a, "jsonl")
-    consolidate(two, two_s)
-    first = graph(two)
-    ingest(two, b, "jsonl")
-    consolidate(two, two_s)
+    one = module_sample_store
+    first = graph(copy_store(split_sample_stores.first, tmp / "first"))
+    two = copy_store(split_sample_stores.two, tmp / "two")
     shutil.copytree(tmp / "two", tmp / "rebuilt")
     reb_s = Settings(store=str(tmp / "rebuilt"), rebuild_graph=True)
     rebuilt = open_store(reb_s)
@@ -87,23 +78,16 @@ def test_rebuild_equals_one_batch(stores: dict[str, Store]) -> None:
     assert stores["rebuilt"].read("graph_nodes").num_rows == stores["one"].read("graph_nodes").num_rows
 
 
-def test_rerun_changes_nothing(stores: dict[str, Store], tmp_path: Path) -> None:
-    before = graph(stores["one"])
-    consolidate(stores["one"], Settings(store=stores["one"].uri))
-    assert graph(stores["one"]) == before
+def test_rerun_changes_nothing(sample_store: Store) -> None:
+    before = graph(sample_store)
+    consolidate(sample_store, Settings(store=sample_store.uri))
+    assert graph(sample_store) == before
 
 
-def test_crash_before_watermarks_then_rerun(stores: dict[str, Store], tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    a, b = split_sample(tmp_path)
-    settings = Settings(store=str(tmp_path / "s"))
-    store = open_store(settings)
-    ingest(store, a, "jsonl")
-    consolidate(store, settings)
-    ingest(store, b, "jsonl")
-    with killed_before(monkeypatch, "watermarks"):
-        consolidate(store, settings)
-    consolidate(store, settings)
+def test_crash_before_watermarks_then_rerun(stores: dict[str, Store], split_sample_stores: SampleSplit,
+                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = copy_store(split_sample_stores.first, tmp_path / "s")  # batch 1 consolidated
+    crash_before_watermarks(monkeypatch, store, split_sample_stores.b)
     assert graph(store) == graph(stores["two"])
 
 
