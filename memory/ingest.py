@@ -494,11 +494,9 @@ def _changed_sessions(store: Store, batch: ArchiveBatch, new: pl.DataFrame,
                        new.select(cols)])
     fresh = _sessions_frame(union, pl.DataFrame(schema=_OBSERVATIONS), batch.archive)
     observed = {(r["user_id"], r["session_id"]) for r in batch.sessions.filter("observed").iter_rows(named=True)}
-    stored: dict[str, dict[str, Any]] = {}
-    if store.has_table("sessions"):
-        for user in sorted(set(keys["user_id"].to_list())):
-            for row in store.read("sessions", user, columns=list(_SESSIONS)).to_pylist():
-                stored[row["id"]] = row
+    # session ids hash (user, session): reading them by id stays within the batch's users
+    stored = {row["id"]: row for row in
+              store.read_ids("sessions", fresh["id"].to_list(), columns=list(_SESSIONS)).to_pylist()}
     changed = []
     for row in fresh.iter_rows(named=True):
         old = stored.get(row["id"])
@@ -513,10 +511,8 @@ def _changed_sessions(store: Store, batch: ArchiveBatch, new: pl.DataFrame,
 def _new_observations(store: Store, observations: pl.DataFrame) -> pl.DataFrame:
     if observations.height == 0 or not store.has_table("observations"):
         return observations
-    have: set[str] = set()
-    for user in sorted(set(observations["user_id"].to_list())):
-        have.update(store.read("observations", user, columns=["id"]).column("id").to_pylist())
-    return observations.filter(~pl.col("id").is_in(list(have)))
+    have = store.read_ids("observations", observations["id"].to_list(), columns=["id"]).column("id").to_pylist()
+    return observations.filter(~pl.col("id").is_in(have))
 
 
 def _new_quarantine(store: Store, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
