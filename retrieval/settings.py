@@ -85,7 +85,8 @@ class RetrievalSettings(BaseSettings):
     rerank_lr: float = Field(1e-3, gt=0, description="policy-gradient learning rate η (A.1: 1e-3)")
     rerank_batch_size: int = Field(4, ge=1, description="feedback rows per update (A.1: 4)")
     rerank_temperature: float = Field(0.5, gt=0, description="Gumbel / softmax temperature τ (A.1: 0.5)")
-    rerank_baseline: float = Field(0.5, description="REINFORCE baseline b (A.1: 0.5)")
+    rerank_baseline: float | Literal["mean"] = Field(0.5, description="REINFORCE baseline b (A.1: 0.5); "
+                                                     "'mean': the mean reward of the feedback trained on")
     rerank_optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd: eq. 3 as written; adam "
                                                      "diverges at η = 1e-3 on LoCoMo (-0.3 Recall@5)")
     rerank_epochs: int = Field(1, ge=1, description="passes over the new feedback per train run")

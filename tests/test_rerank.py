@@ -169,6 +169,26 @@ def test_train_config_from_settings_keeps_paper_defaults() -> None:
     assert TrainConfig.from_settings(RetrievalSettings(), epochs=3).epochs == 3
 
 
+def test_mean_baseline_is_the_mean_reward_and_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"mean" centres the advantages: with 1 cited of 5 shown, b = -0.6 (A.1's 0.5 makes 4 of 5 negative)."""
+    from retrieval.rerank import resolve_baseline
+
+    rng = np.random.default_rng(3)
+    examples = [_example(rng) for _ in range(20)]
+    for ex in examples:
+        ex.reward = np.array([1.0, -1.0, -1.0, -1.0, -1.0])
+    assert resolve_baseline("mean", examples) == pytest.approx(-0.6)
+    assert resolve_baseline(0.5, examples) == 0.5
+    with pytest.raises(ValueError, match="baseline"):
+        resolve_baseline("median", examples)
+    _, metrics = train(examples, DIM, cfg=TrainConfig(baseline="mean"))
+    assert metrics["config"]["baseline"] == pytest.approx(-0.6)
+    monkeypatch.setenv("MNEMO_RETRIEVAL_RERANK_BASELINE", "mean")
+    assert TrainConfig.from_settings(RetrievalSettings()).baseline == "mean"
+    monkeypatch.setenv("MNEMO_RETRIEVAL_RERANK_BASELINE", "-0.8")
+    assert TrainConfig.from_settings(RetrievalSettings()).baseline == -0.8
+
+
 def test_novel_order_skips_candidates_whose_sources_are_covered_above() -> None:
     from retrieval.strategies import novel_order
 
