@@ -88,7 +88,8 @@ class RetrievalSettings(BaseSettings):
     rerank_baseline: float | Literal["mean"] = Field(0.5, description="REINFORCE baseline b (A.1: 0.5); "
                                                      "'mean': the mean reward of the feedback trained on")
     rerank_optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd: eq. 3 as written; adam "
-                                                     "diverges at η = 1e-3 on LoCoMo (-0.3 Recall@5)")
+                                                     "diverges with b = 0.5 on LoCoMo (-0.4 Recall@5), not "
+                                                     "with baseline 'mean'")
     rerank_epochs: int = Field(1, ge=1, description="passes over the new feedback per train run")
     rerank_samples: int = Field(0, ge=0, description="fresh Gumbel top-M samples per query per step over "
                                 "the top-K pool (0: the logged shown list only)")
