@@ -19,7 +19,6 @@ import flows.consolidate as fc
 from memory.errors import LLMError
 from memory.ingest import ingest
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
-from memory.llm.runner import backend_error
 from memory.runs import open_store, stats
 from memory.settings import Settings
 from memory.store import Store
@@ -195,7 +194,7 @@ class _Flaky(_Wrapped):
 
     def fail(self, request: LLMRequest, answer: LLMResponse, i: int) -> LLMResponse | None:
         if request.task == "extract" and _attempt() == 1 and i % 2 == 1:
-            return LLMResponse(text=None, error=backend_error("transient", "503 Service Unavailable"))
+            return LLMResponse.failure("transient", "503 Service Unavailable")
         return None
 
 
@@ -207,7 +206,7 @@ class _Broken(_Wrapped):
 
     def fail(self, request: LLMRequest, answer: LLMResponse, i: int) -> LLMResponse | None:
         if request.task == "extract" and request.context.get("user_id") == "bob":
-            return LLMResponse(text=None, error=backend_error("fatal", "404 model not found"))
+            return LLMResponse.failure("fatal", "404 model not found")
         return None
 
 

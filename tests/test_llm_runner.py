@@ -12,7 +12,7 @@ from memory.errors import LLMError, LLMTransientError, ReplayMissError
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse
 from memory.llm.cache import ResponseCache
 from memory.llm.replay import ReplayBackend
-from memory.llm.runner import LLMRunner, LLMStats, backend_error, check
+from memory.llm.runner import LLMRunner, LLMStats, check
 from memory.store import Store
 
 SCHEMA = {
@@ -143,7 +143,7 @@ def test_quarantine_rows_fit_the_table(store: Store) -> None:
 def test_transient_errors_raise_after_caching_the_good_answers(store: Store) -> None:
     def answer(r: LLMRequest) -> LLMResponse:
         if r.messages[0]["content"].startswith("down"):
-            return LLMResponse(text=None, error=backend_error("transient", "APITimeoutError: timed out"))
+            return LLMResponse.failure("transient", "APITimeoutError: timed out")
         return _echo(r)
 
     runner = LLMRunner(ScriptedBackend(answer), ResponseCache(store))
@@ -160,7 +160,7 @@ def test_transient_errors_raise_after_caching_the_good_answers(store: Store) -> 
 def test_unmarked_errors_are_transient_fatal_ones_are_not(store: Store) -> None:
     with pytest.raises(LLMTransientError):
         LLMRunner(ScriptedBackend(lambda r: LLMResponse(text=None, error="boom"))).run([_request("a")])
-    fatal = ScriptedBackend(lambda r: LLMResponse(text=None, error=backend_error("fatal", "401 bad key")))
+    fatal = ScriptedBackend(lambda r: LLMResponse.failure("fatal", "401 bad key"))
     with pytest.raises(LLMError) as err:
         LLMRunner(fatal).run([_request("a")])
     assert not isinstance(err.value, LLMTransientError)
@@ -169,7 +169,7 @@ def test_unmarked_errors_are_transient_fatal_ones_are_not(store: Store) -> None:
 def test_rejected_requests_are_quarantined_unless_all_are(store: Store) -> None:
     def answer(r: LLMRequest) -> LLMResponse:
         if r.messages[0]["content"] .startswith("too long"):
-            return LLMResponse(text=None, error=backend_error("rejected", "BadRequestError 400: context length"))
+            return LLMResponse.failure("rejected", "BadRequestError 400: context length")
         return _echo(r)
 
     answers, bad = LLMRunner(ScriptedBackend(answer)).run([_request("too long"), _request("ok")])

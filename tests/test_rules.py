@@ -189,6 +189,21 @@ def test_unknown_task_is_an_error():
     req = LLMRequest(task="summarize-xyz", prompt_version="v", messages=[], schema={}, context={})
     [resp] = RulesBackend().complete([req])
     assert resp.text is None and resp.error == "rules backend has no rule for task summarize-xyz"
+    assert resp.error_kind == "fatal"       # every request of that task would fail the same way
+
+
+def test_a_bad_context_is_quarantined_not_retried():
+    """The rules are deterministic: a request they fail on is rejected (quarantined), not transient."""
+    from memory.llm.runner import LLMRunner
+
+    good = prompts.extract_request(SESSION)
+    broken = LLMRequest(task=good.task, prompt_version=good.prompt_version, messages=good.messages,
+                        schema=good.schema, context={"messages": 5})
+    [resp] = RulesBackend().complete([broken])
+    assert resp.error_kind == "rejected" and resp.error.startswith("rules backend failed on task")
+    answers, bad = LLMRunner(RulesBackend()).run([broken, good])
+    assert answers[0] is None and answers[1] == _extract(SESSION)
+    assert len(bad) == 1 and bad[0].request is broken and "rules backend failed" in bad[0].reason
 
 
 def test_batch_keeps_order_and_is_deterministic():

@@ -35,19 +35,9 @@ class LLMRequest:
                        json.dumps(self.schema, sort_keys=True))
 
 
+#: what a failed request is worth: `transient` (retry the task later), `rejected` (this request is
+#: hopeless: quarantine it), `fatal` (every request will fail: stop, e.g. credentials or model name)
 ErrorKind = Literal["transient", "rejected", "fatal"]
-_KINDS: tuple[ErrorKind, ...] = ("transient", "rejected", "fatal")
-
-
-def backend_error(kind: ErrorKind, message: str) -> str:
-    """The `LLMResponse.error` text for a failure of `kind` (how the runner tells them apart)."""
-    return f"{kind}: {message}"
-
-
-def error_kind(error: str) -> ErrorKind:
-    """The kind a backend put in front of an error; unmarked errors count as transient."""
-    head = error.split(":", 1)[0].strip()
-    return head if head in _KINDS else "transient"  # type: ignore[return-value]
 
 
 @dataclass
@@ -59,6 +49,13 @@ class LLMResponse:
     tokens_out: int = 0
     cached: bool = False
     error: str | None = None
+    #: how the runner treats `error`; a backend that does not say is assumed to have hit a passing fault
+    error_kind: ErrorKind = "transient"
+
+    @classmethod
+    def failure(cls, kind: ErrorKind, message: str) -> "LLMResponse":
+        """A failed request of `kind` (no answer text)."""
+        return cls(text=None, error=message, error_kind=kind)
 
 
 class LLMBackend(ABC):

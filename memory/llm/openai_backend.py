@@ -4,8 +4,8 @@ OpenAI-compatible server (`vllm serve`, hosted APIs).
 The whole batch is sent concurrently, at most `concurrency` requests in flight. Retries happen in
 one place, the SDK client (`max_retries`, exponential backoff with jitter, `Retry-After` honoured)
 on timeouts, connection errors, 408/409/429 and 5xx; 400/401/403/404/422 are never retried.
-A request that still fails comes back as `LLMResponse(error=...)` marked with its kind (see
-`memory.llm.base.backend_error`): the runner raises LLMTransientError / LLMError or quarantines.
+A request that still fails comes back as `LLMResponse.failure(kind, message)` (see
+`memory.llm.base.ErrorKind`): the runner raises LLMTransientError / LLMError or quarantines.
 
 `complete` is synchronous and safe to call from worker threads: each call runs its own event loop
 and client (inside a running event loop it runs on a helper thread).
@@ -20,7 +20,7 @@ from typing import Any
 import openai
 
 from memory.errors import ConfigError
-from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, backend_error, register_backend
+from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, register_backend
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,11 @@ def classify(exc: BaseException) -> ErrorKind:
     return "transient"
 
 
-def describe(exc: BaseException) -> str:
+def failure(exc: BaseException) -> LLMResponse:
+    """The response for a request that failed with `exc`: its kind and a short message."""
     code = getattr(exc, "status_code", None)
     head = type(exc).__name__ + (f" {code}" if code is not None else "")
-    return backend_error(classify(exc), f"{head}: {exc}"[:_ERR_CHARS])
+    return LLMResponse.failure(classify(exc), f"{head}: {exc}"[:_ERR_CHARS])
 
 
 @register_backend("openai")
@@ -118,7 +119,7 @@ class OpenAIBackend(LLMBackend):
                     temperature=self.temperature,
                 )
             except openai.OpenAIError as exc:
-                return LLMResponse(text=None, error=describe(exc))
+                return failure(exc)
         usage = completion.usage
         tokens_in, tokens_out = (usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else (0, 0)
         if not completion.choices:

@@ -57,12 +57,13 @@ class RulesBackend(LLMBackend):
         for req in requests:
             fn = TASKS.get(req.task)
             if fn is None:
-                out.append(LLMResponse(text=None, error=f"rules backend has no rule for task {req.task}"))
+                out.append(LLMResponse.failure("fatal", f"rules backend has no rule for task {req.task}"))
                 continue
             try:
                 answer = fn(req.context)
-            except Exception as exc:  # a bad context is this request's error, not the batch's
-                out.append(LLMResponse(text=None, error=f"rules backend failed on task {req.task}: {exc!r}"))
+            except Exception as exc:  # a bad context is this request's error, not the batch's; the rules
+                # are deterministic, so asking again gives the same failure: quarantine, do not retry
+                out.append(LLMResponse.failure("rejected", f"rules backend failed on task {req.task}: {exc!r}"))
                 continue
             out.append(LLMResponse(text=json.dumps(answer, ensure_ascii=False)))
         return out

@@ -9,9 +9,8 @@
 - Non-live backends (`rules`, test fakes): no cache.
 - An answer that is not JSON, violates `request.schema` or fails the `validate` callback is asked
   again once (same request plus a user message quoting the error); still bad -> `Quarantined`.
-- Backends report per-request failures as `LLMResponse.error`, optionally prefixed with a kind
-  (`backend_error`): `transient` (default) -> LLMTransientError, `fatal` -> LLMError,
-  `rejected` -> quarantined. Errors are raised only after the batch's valid answers were cached.
+- Backends report per-request failures as `LLMResponse.error` with its `error_kind`:
+  `transient` (default) -> LLMTransientError, `fatal` -> LLMError, `rejected` -> quarantined. Errors are raised only after the batch's valid answers were cached.
 """
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ from jsonschema.exceptions import best_match
 
 from memory.errors import LLMError, LLMTransientError
 from memory.ids import make_id
-# ErrorKind and backend_error live in base (backends need them without the runner); re-exported here
-from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, backend_error, error_kind  # noqa: F401
+from memory.llm.base import LLMBackend, LLMRequest, LLMResponse
 from memory.llm.cache import ResponseCache
 
 log = logging.getLogger(__name__)
@@ -134,7 +132,7 @@ class LLMRunner:
             groups.setdefault(keys[i] if self.backend.live else str(i), []).append(i)
         heads = [members[0] for members in groups.values()]
         to_cache: list[dict[str, Any]] = []
-        failed: list[tuple[int, str]] = []
+        failed: list[tuple[int, LLMResponse]] = []
         rejected: list[tuple[int, str]] = []
         bad: list[tuple[int, str | None, str]] = []
         for i, resp in zip(heads, self._send([requests[i] for i in heads])):
@@ -198,11 +196,13 @@ class LLMRunner:
 
     def _sort(self, i: int, resp: LLMResponse, request: LLMRequest,
               validate: Callable[[dict[str, Any]], None] | None, answers: list[dict[str, Any] | None],
-              to_cache: list[dict[str, Any]], keys: list[str], failed: list[tuple[int, str]],
+              to_cache: list[dict[str, Any]], keys: list[str], failed: list[tuple[int, LLMResponse]],
               rejected: list[tuple[int, str]], bad: list[tuple[int, str | None, str]]) -> None:
         if resp.error is not None:
-            kind = error_kind(resp.error)
-            (rejected if kind == "rejected" else failed).append((i, resp.error))
+            if resp.error_kind == "rejected":
+                rejected.append((i, resp.error))
+            else:
+                failed.append((i, resp))
             return
         answer, problem = check(resp.text, request.schema, validate)
         if answer is None:
@@ -212,12 +212,12 @@ class LLMRunner:
         to_cache.append(ResponseCache.row(keys[i], backend=self.backend.name, model=self.backend.model,
                                           request=request, response=resp))
 
-    def _raise_failures(self, requests: list[LLMRequest], failed: list[tuple[int, str]]) -> None:
+    def _raise_failures(self, requests: list[LLMRequest], failed: list[tuple[int, LLMResponse]]) -> None:
         if not failed:
             return
-        fatal = [(i, e) for i, e in failed if error_kind(e) == "fatal"]
+        fatal = [(i, r) for i, r in failed if r.error_kind == "fatal"]
         worst = fatal or failed
-        first_i, first = worst[0]
+        first_i, first = worst[0][0], worst[0][1].error
         ctx = dict(backend=self.backend.name, task=requests[first_i].task, failed=len(failed),
                    total=len(requests), first_error=first)
         msg = (f"{len(failed)} of {len(requests)} {requests[first_i].task} requests to the "
