@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     # MemWeaver
     rebuild_graph: bool = Field(False, description="rebuild each user's graph and summaries from scratch")
 
+    # RMM topics
+    topic_merge_threshold: float = Field(0.75, ge=-1.0, le=1.0, description="cosine above which the `rules` "
+                                         "backend merges a new topic into the most similar existing one")
+
     # orchestration
     shard_size: int = 8
     max_workers: int = 2

@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 
 #: similar existing topics shown to the update prompt (the paper's Top-K for memory update)
 TOP_K = 5
-#: cosine above which the `rules` stand-in merges into the most similar topic
-MERGE_THRESHOLD = 0.75
 
 
 @dataclass
@@ -205,7 +203,7 @@ def topics(state: Any, store: Store, settings: Settings) -> Any:
     for r in range(rounds):
         todo = [(s, it) for user in sorted(by_user) if r < len(by_user[user])
                 for s in [by_user[user][r]] for it in new.get((user, s.session_id), [])]
-        _update_round(state, runner, embedder, banks, todo)
+        _update_round(state, runner, embedder, banks, todo, settings.topic_merge_threshold)
     _merge_llm(state, runner.stats)
 
     rows = [t.row() for bank in banks.values() for t in bank if t.touched]
@@ -225,7 +223,7 @@ def _candidates(bank: list[Topic], subject: str, vec: np.ndarray) -> list[tuple[
 
 
 def _update_round(state: Any, runner: Any, embedder: Any, banks: dict[str, list[Topic]],
-                  todo: list[tuple[SessionWork, dict[str, Any]]]) -> None:
+                  todo: list[tuple[SessionWork, dict[str, Any]]], threshold: float) -> None:
     backend = runner.backend
     asks: list[tuple[SessionWork, dict[str, Any], list[tuple[Topic, float]]]] = []
     decisions: list[tuple[SessionWork, dict[str, Any], list[tuple[Topic, float]], tuple[str, int | None, str | None]]] = []
@@ -238,7 +236,7 @@ def _update_round(state: Any, runner: Any, embedder: Any, banks: dict[str, list[
     requests = [prompts.topic_merge_request({
         "user_id": s.user_id, "subject": it["subject"], "new_summary": it["summary"],
         "history": [{"id": t.id, "summary": t.text, "similarity": round(sim, 6)} for t, sim in cands],
-        "threshold": MERGE_THRESHOLD}) for s, it, cands in asks]
+        "threshold": threshold}) for s, it, cands in asks]
     answers, bad = runner.run(requests)
     for q in bad:
         c = q.request.context

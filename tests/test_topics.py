@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from memory import prompts, topics
+from memory import prompts
 from memory.ingest import ingest
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
 from memory.llm.rules import topic_merge_answer, topic_segments, topics_answer
@@ -68,7 +68,7 @@ def test_rules_segment_at_breakpoints_and_merge_above_threshold() -> None:
 @pytest.fixture(autouse=True)
 def _merge_often(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sample is small: a low threshold makes the rules merge, so merges get exercised."""
-    monkeypatch.setattr(topics, "MERGE_THRESHOLD", 0.45)
+    monkeypatch.setenv("MNEMO_TOPIC_MERGE_THRESHOLD", "0.45")
 
 
 def _snapshot(store: Store) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def _snapshot(store: Store) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Store:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(topics, "MERGE_THRESHOLD", 0.45)
+        mp.setenv("MNEMO_TOPIC_MERGE_THRESHOLD", "0.45")
         return ingest_and_consolidate(tmp_path_factory.mktemp("topics") / "clean", SAMPLE)
 
 
