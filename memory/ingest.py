@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import polars as pl
 import pyarrow.parquet as pq
+from lancedb.expr import col
 
 from memory.errors import IngestError, InvalidUserIdError
 from memory.ids import make_id, validate_user_id
@@ -418,7 +419,7 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
     users = sorted(set(batch.messages["user_id"].to_list()))
     quarantine = list(batch.quarantine)
 
-    existing = _existing_messages(store, users)
+    existing = _existing_messages(store, batch, users)
     stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
     joined = batch.messages.join(stored, on=["user_id", "message_id"], how="left")
     conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
@@ -460,15 +461,20 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
     return report
 
 
-def _existing_messages(store: Store, users: list[str]) -> pl.DataFrame:
-    """What the store holds for these users, read one user at a time (tenant-scoped)."""
+def _existing_messages(store: Store, batch: ArchiveBatch, users: list[str]) -> pl.DataFrame:
+    """The stored messages this batch touches, read one user at a time (tenant-scoped): those whose
+    ids it repeats (to spot a reused id) and those of its sessions (to continue `seq` and recompute
+    the session rows). The rest of a user's history is not read."""
     cols = ["message_id", "text", "session_id", "seq", "speaker", "ts"]
     schema = {"user_id": pl.String, "message_id": pl.String, "text": pl.String, "session_id": pl.String,
               "seq": pl.Int32, "speaker": pl.String, "ts": _TS}
     frames = [pl.DataFrame(schema=schema)]
     if store.has_table("messages"):
         for user in users:
-            t = store.read("messages", user, columns=cols)
+            ids = batch.messages.filter(pl.col("user_id") == user)["id"].to_list()
+            sids = batch.sessions.filter(pl.col("user_id") == user)["session_id"].unique().to_list()
+            t = store.read("messages", user, columns=cols,
+                           where=col("id").isin(ids or [""]) | col("session_id").isin(sids or [""]))
             if t.num_rows:
                 df = pl.from_arrow(t)
                 assert isinstance(df, pl.DataFrame)

@@ -304,6 +304,25 @@ def test_reused_message_id_in_file_and_across_ingests(tmp_path: Path, store: Sto
     _no_duplicate_ids(store)
 
 
+
+def test_a_later_ingest_reads_only_what_it_touches_yet_sees_reused_ids_in_other_sessions(
+        tmp_path: Path, store: Store) -> None:
+    """Stored messages are read by the batch's ids and sessions: an id reused in another session
+    is still caught, and the untouched session keeps its rows and its session row."""
+    ingest(store, _write_jsonl(tmp_path / "a.jsonl", [
+        _row(session="s1", mid="m1", text="I work at Acme."),
+        _row(session="s2", mid="m2", text="I like tea.", ts="2024-05-02T10:00:00Z")]), "jsonl")
+    report = ingest(store, _write_jsonl(tmp_path / "b.jsonl", [
+        _row(session="s3", mid="m1", text="I work at Globex.", ts="2024-05-03T10:00:00Z"),
+        _row(session="s2", mid="m4", text="Green tea.", ts="2024-05-02T10:05:00Z")]), "jsonl")
+    assert report.messages_added == 1 and report.reasons == {"reused message id with other text": 1}
+    rows = {r["message_id"]: r for r in store.read("messages", "alice").to_pylist()}
+    assert rows["m1"]["session_id"] == "s1" and rows["m1"]["text"] == "I work at Acme."
+    assert rows["m4"]["seq"] == 1                                    # after m2 in s2
+    sessions = {r["session_id"]: r["n_messages"] for r in store.read("sessions", "alice").to_pylist()}
+    assert sessions == {"s1": 1, "s2": 2}
+    _no_duplicate_ids(store)
+
 def test_tenants_never_mix(tmp_path: Path, store: Store) -> None:
     path = _write_jsonl(tmp_path / "two.jsonl", [
         _row(user="user-a", mid="m1", text="A's secret"),
