@@ -85,7 +85,8 @@ _FUTURE_RE = re.compile(
     r"|would\s+love\s+to|excited\s+to)\b|'ll\b|'d\s+(?:like|love)\s+to\b",
 )   # run on lower-cased text
 
-_IRREGULAR_PAST = (
+#: irregular simple-past verbs (the tense test here; `rules` reuses them to spot past-tense clauses)
+IRREGULAR_PAST = (
     "went did saw met got took made ran bought brought caught taught thought felt found gave "
     "had was were won began sang swam drove rode wrote spoke broke chose fell flew grew knew "
     "left lost paid said sent spent sold told understood built heard kept led lent meant put "
@@ -93,7 +94,7 @@ _IRREGULAR_PAST = (
     "held hung fought bit hid shot shook tore"
 ).split()
 _PAST_RE = re.compile(   # run on lower-cased text
-    r"\b(?:" + "|".join(_IRREGULAR_PAST) + r"|used\s+to|have\s+been|has\s+been|'ve\s+been|ago)\b(?!'t)"
+    r"\b(?:" + "|".join(IRREGULAR_PAST) + r"|used\s+to|have\s+been|has\s+been|'ve\s+been|ago)\b(?!'t)"
     r"|\b(?:didn|wasn|weren|hadn)'t\b"
     r"|'ve\s+(?:\w+ly\s+|just\s+|also\s+|finally\s+|never\s+|ever\s+)?\w{2,}(?:ed|en|ne)\b",
 )

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memory.dates import normalize_date, time_match, to_date
+from memory.dates import IRREGULAR_PAST, normalize_date, time_match, to_date
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
 
 __all__ = ["RulesBackend", "TASKS", "rule", "categorize", "key_phrase", "third_person",
@@ -222,11 +222,8 @@ _NO_CONJ = _words(f"""{_ADVERBS.replace('|', ' ')} can could will would shall sh
 were had did used didn't can't couldn't won't wouldn't shouldn't wasn't weren't hadn't mustn't
 too myself and or but as so to in at on for with a an the of that if when because who sort kind
 mean guess""")
-_PAST_SET = _words("""went did saw met got took made ran bought brought caught taught thought felt found
-gave had was were won began sang swam drove rode wrote spoke broke chose fell flew grew knew left lost
-paid said sent spent sold told understood built heard kept led meant put read set sat slept stood
-threw wore woke ate drank came became forgot held hung fought hid shot shook tore quit let hit cut
-been gone done seen""")
+# past forms and participles; not "bit", which is mostly "a bit"
+_PAST_SET = (frozenset(IRREGULAR_PAST) - {"bit"}) | _words("quit let hit cut been gone done seen")
 _CONJ_MAP = {"am": "is", "have": "has", "do": "does", "don't": "doesn't", "haven't": "hasn't",
              "go": "goes", "aren't": "isn't", "ain't": "isn't", "'m": "is"}
 
