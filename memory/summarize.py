@@ -31,6 +31,7 @@ import polars as pl
 
 from memory import prompts
 from memory.ids import make_id
+from memory.segments import breakpoints
 from memory.settings import Settings
 from memory.store import Store
 from memory.weave import (Node, add_rows, has_stored, new_nodes, replace_user, stored_ids, stored_nodes,
@@ -60,37 +61,10 @@ def gap_similarities(vectors: np.ndarray, window: int = WINDOW) -> np.ndarray:
 def segment(vectors: np.ndarray, min_size: int = MIN_PHASE, max_size: int = MAX_PHASE,
             window: int = WINDOW, drop_std: float = DROP_STD) -> list[tuple[int, int]]:
     """Phases as [start, end) ranges over time-ordered vectors (see the module docstring)."""
-    n = len(vectors)
-    if n == 0:
+    if len(vectors) == 0:
         return []
-    max_size = max(max_size, 2 * min_size)
-    if n < 2 * min_size:
-        return [(0, n)]
-    sims = gap_similarities(vectors, window)
-    thresh = sims.mean() - drop_std * sims.std()
-    cuts: list[int] = []
-
-    def admissible(g: int, lo: int = 0, hi: int = n) -> bool:
-        prev = max([c for c in cuts if c < g], default=lo)
-        nxt = min([c for c in cuts if c > g], default=hi)
-        return g - prev >= min_size and nxt - g >= min_size
-
-    for i in np.argsort(sims, kind="stable").tolist():
-        g = i + 1
-        left = sims[i - 1] if i > 0 else np.inf
-        right = sims[i + 1] if i + 1 < len(sims) else np.inf
-        if sims[i] < thresh and sims[i] <= left and sims[i] <= right and admissible(g):
-            cuts.append(g)
-    while True:
-        bounds = [0] + sorted(cuts) + [n]
-        long = [(a, b) for a, b in zip(bounds, bounds[1:]) if b - a > max_size]
-        if not long:
-            break
-        a, b = long[0]
-        gaps = np.arange(a + min_size, b - min_size + 1)
-        cuts.append(int(gaps[int(np.argmin(sims[gaps - 1]))]))
-    bounds = [0] + sorted(cuts) + [n]
-    return list(zip(bounds, bounds[1:]))
+    return breakpoints(gap_similarities(vectors, window), min_size, max(max_size, 2 * min_size), drop_std,
+                       local_minima=True)
 
 
 # -- rows -------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 
 from memory.dates import IRREGULAR_PAST, normalize_date, time_match, to_date
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
+from memory.segments import breakpoints
 
 __all__ = ["RulesBackend", "TASKS", "rule", "categorize", "key_phrase", "third_person",
            "split_sentences", "extract_answer", "reason_answer"]
@@ -728,37 +729,14 @@ _TOPIC_MAX_WORDS = 60
 
 
 def topic_segments(sims: list[float], n: int) -> list[tuple[int, int]]:
-    """[start, end) turn ranges cut at embedding breakpoints: links between consecutive turns whose
-    cosine is well below the session's mean, deepest first, keeping segments >= _TOPIC_MIN_TURNS;
-    segments over _TOPIC_MAX_TURNS are cut again at their weakest link."""
-    if n <= _TOPIC_MIN_TURNS or len(sims) != n - 1:
-        return [(0, n)] if n else []
-    arr = sims
-    mean = sum(arr) / len(arr)
-    std = (sum((x - mean) ** 2 for x in arr) / len(arr)) ** 0.5
-    cuts: list[int] = []          # a cut at i separates turn i and i + 1
-
-    def fits(i: int) -> bool:
-        bounds = sorted(cuts + [i])
-        edges = [-1] + bounds + [n - 1]
-        return all(b - a >= _TOPIC_MIN_TURNS for a, b in zip(edges, edges[1:]))
-
-    for i in sorted(range(len(arr)), key=lambda j: (arr[j], j)):
-        if arr[i] < mean - _TOPIC_DEPTH * std and fits(i):
-            cuts.append(i)
-    changed = True
-    while changed:
-        changed = False
-        edges = [-1] + sorted(cuts) + [n - 1]
-        for a, b in zip(edges, edges[1:]):
-            if b - a > _TOPIC_MAX_TURNS:
-                inner = [j for j in range(a + _TOPIC_MIN_TURNS, b - _TOPIC_MIN_TURNS + 1)]
-                if inner:
-                    cuts.append(min(inner, key=lambda j: (arr[j], j)))
-                    changed = True
-                    break
-    edges = [-1] + sorted(cuts) + [n - 1]
-    return [(a + 1, b + 1) for a, b in zip(edges, edges[1:])]
+    """[start, end) turn ranges of n turns cut at embedding breakpoints (`memory.segments`): links
+    between consecutive turns whose cosine is well below the session's mean, deepest first, keeping
+    segments >= _TOPIC_MIN_TURNS; segments over _TOPIC_MAX_TURNS are cut again at their weakest link."""
+    if n == 0:
+        return []
+    if len(sims) != n - 1:
+        return [(0, n)]
+    return breakpoints(sims, _TOPIC_MIN_TURNS, _TOPIC_MAX_TURNS, _TOPIC_DEPTH)
 
 
 @rule("topics")
