@@ -15,15 +15,17 @@ import numpy as np
 
 
 def breakpoints(sims: Sequence[float] | np.ndarray, min_size: int, max_size: int, depth: float,
-                local_minima: bool = False) -> list[tuple[int, int]]:
+                local_minima: bool = False, threshold: float | None = None) -> list[tuple[int, int]]:
     """[start, end) ranges over n = len(sims) + 1 items; sims[g-1] is the similarity across gap g
     (between items g-1 and g). With `local_minima` only gaps no higher than their neighbours are
-    threshold cuts. `max_size` should be at least 2·`min_size`, so a long segment can always be split."""
+    threshold cuts. `max_size` should be at least 2·`min_size`, so a long segment can always be split.
+    `threshold` replaces NumPy's mean - depth·std for a caller that computes it its own way (the
+    last bit decides ties)."""
     s = np.asarray(sims, dtype=np.float64)
     n = len(s) + 1
     if n < 2 * min_size:
         return [(0, n)]
-    thresh = s.mean() - depth * s.std()
+    thresh = s.mean() - depth * s.std() if threshold is None else threshold
     cuts: list[int] = []
 
     def admissible(g: int) -> bool:

@@ -31,3 +31,11 @@ def test_phases_follow_a_change_of_subject() -> None:
                     + [b + 0.1 * rng.standard_normal(16) for _ in range(12)])
     assert segment(vecs, min_size=4, max_size=20) == [(0, 12), (12, 24)]
     assert segment(vecs[:5], min_size=4) == [(0, 5)] and segment(vecs[:0]) == []
+
+
+def test_topic_threshold_ties_keep_the_plain_float_statistics() -> None:
+    """With 80 % of the links at one value the threshold equals that value in exact arithmetic; the
+    old `topic_segments` decided the tie with Python float sums, which NumPy's pairwise sums do not
+    reproduce in the last bit (expected ranges from the implementation before `memory.segments`)."""
+    assert topic_segments([0.1] * 8 + [0.3] * 2, 11) == [(0, 3), (3, 11)]
+    assert topic_segments([0.2, 0.2, 0.3, 0.2, 0.2, 0.2, 0.2, 0.3, 0.2, 0.2], 11) == [(0, 4), (4, 11)]

@@ -736,7 +736,12 @@ def topic_segments(sims: list[float], n: int) -> list[tuple[int, int]]:
         return []
     if len(sims) != n - 1:
         return [(0, n)]
-    return breakpoints(sims, _TOPIC_MIN_TURNS, _TOPIC_MAX_TURNS, _TOPIC_DEPTH)
+    if not sims:
+        return [(0, n)]
+    mean = sum(sims) / len(sims)
+    std = (sum((x - mean) ** 2 for x in sims) / len(sims)) ** 0.5
+    return breakpoints(sims, _TOPIC_MIN_TURNS, _TOPIC_MAX_TURNS, _TOPIC_DEPTH,
+                       threshold=mean - _TOPIC_DEPTH * std)
 
 
 @rule("topics")
