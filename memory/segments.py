@@ -2,7 +2,7 @@
 
 One algorithm serves the `rules` topic segmentation (RMM D.1.1 stand-in, over adjacent turns) and
 MemWeaver's phases (`summarize`, over windowed gaps between fragments): cut at the gaps whose
-similarity lies `depth` standard deviations below the mean, deepest first, while every segment keeps
+similarity lies below a threshold (each caller's mean minus some standard deviations), deepest first, while every segment keeps
 at least `min_size` items; then split any segment longer than `max_size` at its deepest admissible
 gap. Written here because the text-tiling packages on PyPI segment text, not vectors, and would
 not keep both callers' rules.
@@ -14,18 +14,17 @@ from typing import Sequence
 import numpy as np
 
 
-def breakpoints(sims: Sequence[float] | np.ndarray, min_size: int, max_size: int, depth: float,
-                local_minima: bool = False, threshold: float | None = None) -> list[tuple[int, int]]:
+def breakpoints(sims: Sequence[float] | np.ndarray, threshold: float, min_size: int, max_size: int,
+                local_minima: bool = False) -> list[tuple[int, int]]:
     """[start, end) ranges over n = len(sims) + 1 items; sims[g-1] is the similarity across gap g
-    (between items g-1 and g). With `local_minima` only gaps no higher than their neighbours are
-    threshold cuts. `max_size` should be at least 2·`min_size`, so a long segment can always be split.
-    `threshold` replaces NumPy's mean - depth·std for a caller that computes it its own way (the
-    last bit decides ties)."""
+    (between items g-1 and g), and gaps below `threshold` are cut candidates. The caller computes
+    the threshold, because the last bit of it decides ties and each caller keeps its own arithmetic.
+    With `local_minima` only gaps no higher than their neighbours are candidates. `max_size` should
+    be at least 2·`min_size`, so a long segment can always be split."""
     s = np.asarray(sims, dtype=np.float64)
     n = len(s) + 1
     if n < 2 * min_size:
         return [(0, n)]
-    thresh = s.mean() - depth * s.std() if threshold is None else threshold
     cuts: list[int] = []
 
     def admissible(g: int) -> bool:
@@ -35,7 +34,7 @@ def breakpoints(sims: Sequence[float] | np.ndarray, min_size: int, max_size: int
 
     for i in np.argsort(s, kind="stable").tolist():
         g = i + 1
-        if s[i] >= thresh:
+        if s[i] >= threshold:
             break
         if local_minima and ((i > 0 and s[i] > s[i - 1]) or (i + 1 < len(s) and s[i] > s[i + 1])):
             continue

@@ -12,10 +12,11 @@ SIMS = [0.9, 0.9, 0.2, 0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.3, 0.25, 0.9]
 
 
 def test_cuts_at_deep_drops_keeping_the_minimum_size() -> None:
-    assert breakpoints(SIMS, 3, 10, 0.5) == [(0, 3), (3, 7), (7, 10), (10, 13)]
+    cut = float(np.mean(SIMS) - 0.5 * np.std(SIMS))
+    assert breakpoints(SIMS, cut, 3, 10) == [(0, 3), (3, 7), (7, 10), (10, 13)]
     assert topic_segments(SIMS, 13) == [(0, 3), (3, 7), (7, 10), (10, 13)]
     # 0.3 is no local minimum, and a cut at 0.25 would leave a 2-item segment
-    assert breakpoints(SIMS, 3, 10, 0.5, local_minima=True) == [(0, 3), (3, 7), (7, 13)]
+    assert breakpoints(SIMS, cut, 3, 10, local_minima=True) == [(0, 3), (3, 7), (7, 13)]
 
 
 def test_long_flat_runs_are_split_and_short_ones_kept_whole() -> None:

@@ -734,14 +734,11 @@ def topic_segments(sims: list[float], n: int) -> list[tuple[int, int]]:
     segments >= _TOPIC_MIN_TURNS; segments over _TOPIC_MAX_TURNS are cut again at their weakest link."""
     if n == 0:
         return []
-    if len(sims) != n - 1:
-        return [(0, n)]
-    if not sims:
+    if len(sims) != n - 1 or not sims:
         return [(0, n)]
     mean = sum(sims) / len(sims)
     std = (sum((x - mean) ** 2 for x in sims) / len(sims)) ** 0.5
-    return breakpoints(sims, _TOPIC_MIN_TURNS, _TOPIC_MAX_TURNS, _TOPIC_DEPTH,
-                       threshold=mean - _TOPIC_DEPTH * std)
+    return breakpoints(sims, mean - _TOPIC_DEPTH * std, _TOPIC_MIN_TURNS, _TOPIC_MAX_TURNS)
 
 
 @rule("topics")
