@@ -26,12 +26,15 @@ LOCOMO = REPO.parent / "shared/data/locomo/locomo_dev5.json"
 
 
 # -- stores built from the sample ----------------------------------------------------------------
-def build_consolidated(root: Path, **settings: Any) -> tuple[Path, RunReport]:
+def add_part(store: Store, part: Path, settings: Settings | None = None) -> RunReport:
+    """Ingest one archive part into `store` and consolidate it."""
+    ingest(store, part, "jsonl")
+    return consolidate(store, settings or Settings(store=store.uri))
+
+
+def build_consolidated(root: Path) -> tuple[Path, RunReport]:
     """The sample archive ingested into a new store at `root` and consolidated once."""
-    s = Settings(store=str(root), **settings)
-    store = open_store(s)
-    ingest(store, SAMPLE, "jsonl")
-    return root, consolidate(store, s)
+    return root, add_part(open_store(Settings(store=str(root))), SAMPLE)
 
 
 def copy_store(src: Path | str, dst: Path) -> Store:
@@ -53,13 +56,9 @@ class SampleSplit:
 
 def build_split(tmp: Path) -> SampleSplit:
     a, b = split_sample(tmp)
-    settings = Settings(store=str(tmp / "two"))
-    store = open_store(settings)
-    ingest(store, a, "jsonl")
-    consolidate(store, settings)
+    store = ingest_and_consolidate(tmp / "two", a)
     shutil.copytree(tmp / "two", tmp / "first")
-    ingest(store, b, "jsonl")
-    consolidate(store, settings)
+    add_part(store, b)
     return SampleSplit(a, b, tmp / "first", tmp / "two")
 
 
@@ -68,8 +67,7 @@ def ingest_and_consolidate(root: Path, *parts: Path, **settings: Any) -> Store:
     s = Settings(store=str(root), **settings)
     store = open_store(s)
     for part in parts:
-        ingest(store, part, "jsonl")
-        consolidate(store, s)
+        add_part(store, part, s)
     return store
 
 
@@ -84,18 +82,33 @@ def crash_before_watermarks(monkeypatch: pytest.MonkeyPatch, store: Store, batch
     return store
 
 
+def unique_ids(store: Store) -> dict[str, list[str]]:
+    """The ids of every table of the store, asserting that none repeats within a table."""
+    out = {}
+    for name in store.table_names():
+        ids = out[name] = store.read(name, columns=["id"]).column("id").to_pylist()
+        assert len(ids) == len(set(ids)), f"duplicate ids in {name}: {len(ids)} rows, {len(set(ids))} ids"
+    return out
+
+
+#: the tables whose ids a consolidation's result is compared by
+ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
+
+
+def memory_snapshot(store: Store) -> dict[str, Any]:
+    """Ids per table, the content of memory rows (run ids, timestamps, provenance excluded) and stats:
+    what two ways of consolidating the same archive must agree on."""
+    return snapshot(store, ID_TABLES, content_columns=["id", "user_id", "text", "date", "source_ids"],
+                    with_stats=True)
+
+
 def snapshot(store: Store, tables: Iterable[str], *, content_columns: Iterable[str] = (),
              with_stats: bool = False) -> dict[str, Any]:
     """The ids of each of `tables` (None for a table the store lacks), asserting that every table of
     the store has unique ids; with `content_columns`, the content of the fragments and insights rows
     in those columns (run ids and timestamps left out); with `with_stats`, `mnemo stats`."""
     tables = tuple(tables)
-    snap: dict[str, Any] = {}
-    for name in store.table_names():
-        ids = store.read(name, columns=["id"]).column("id").to_pylist()
-        assert len(ids) == len(set(ids)), f"duplicate ids in {name}: {len(ids)} rows, {len(set(ids))} ids"
-        if name in tables:
-            snap[name] = set(ids)
+    snap: dict[str, Any] = {name: set(ids) for name, ids in unique_ids(store).items() if name in tables}
     for name in tables:
         snap.setdefault(name, None)  # a missing table is told apart from an empty one
     columns = list(content_columns)

@@ -12,17 +12,9 @@ from memory.ingest import ingest
 from memory.runs import open_store
 from memory.settings import Settings
 from memory.store import Store
-from tests.helpers import SAMPLE, snapshot
+from tests.helpers import SAMPLE, memory_snapshot
 
 pytestmark = pytest.mark.slow
-
-ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
-
-
-def _snapshot(store: Store) -> dict[str, Any]:
-    return snapshot(store, ID_TABLES, content_columns=["id", "user_id", "text", "date", "source_ids"],
-                    with_stats=True)
-
 
 def test_task_runner_choice() -> None:
     from prefect.task_runners import ThreadPoolTaskRunner
@@ -48,7 +40,7 @@ def test_dask_cluster_equals_threads(prefect_harness: None, tmp_path: Path, monk
         results[kind] = run_flow("consolidate", settings, users=None,
                                  overrides={"store": str(root), "shard_size": 1})
 
-    threads, dask = _snapshot(stores["threads"]), _snapshot(stores["dask"])
+    threads, dask = memory_snapshot(stores["threads"]), memory_snapshot(stores["dask"])
     assert dask == threads
     users = dask["stats"]["users"]
     assert users and all(row["fragments"] > 0 for row in users.values())

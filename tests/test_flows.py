@@ -22,10 +22,7 @@ from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, re
 from memory.runs import open_store, stats
 from memory.settings import Settings
 from memory.store import Store
-from tests.helpers import SAMPLE, snapshot
-
-ID_TABLES = ("messages", "sessions", "fragments", "insights", "clusters", "links", "watermarks")
-
+from tests.helpers import SAMPLE, memory_snapshot, unique_ids
 
 # -- the Prefect API ----------------------------------------------------------------------
 @pytest.fixture(autouse=True)
@@ -43,18 +40,6 @@ def _ingested(root: Path) -> Store:
     report = ingest(store, SAMPLE, "jsonl")
     assert report.users
     return store
-
-
-def _no_duplicates(store: Store) -> None:
-    for name in store.table_names():
-        ids = store.read(name, columns=["id"]).column("id").to_pylist()
-        assert len(ids) == len(set(ids)), f"duplicate ids in {name}: {len(ids)} rows, {len(set(ids))} ids"
-
-
-def _snapshot(store: Store) -> dict[str, Any]:
-    """Ids per table and the content of memory rows (run ids, timestamps, provenance excluded)."""
-    return snapshot(store, ID_TABLES, content_columns=["id", "user_id", "text", "date", "source_ids"],
-                    with_stats=True)
 
 
 def _runs(store: Store) -> list[dict[str, Any]]:
@@ -95,12 +80,6 @@ def flow_store(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) 
     return root, store, result
 
 
-@pytest.fixture(scope="module")
-def local_store(module_sample_store: Store) -> Store:
-    """The same archive consolidated by the stages without Prefect (the reference)."""
-    return module_sample_store
-
-
 # -- tests --------------------------------------------------------------------------------
 def test_consolidate_flow_builds_memory(flow_store: tuple[Path, Store, dict]) -> None:
     _, store, result = flow_store
@@ -116,20 +95,20 @@ def test_consolidate_flow_builds_memory(flow_store: tuple[Path, Store, dict]) ->
     assert runs[0]["id"] == result["run_id"] and runs[0]["status"] == "completed"
     assert sorted(runs[0]["users"]) == sorted(users)
     assert store.read("watermarks").num_rows == len(users)
-    _no_duplicates(store)
+    unique_ids(store)
 
 
-def test_flow_equals_stages_without_prefect(flow_store: tuple[Path, Store, dict], local_store: Store) -> None:
+def test_flow_equals_stages_without_prefect(flow_store: tuple[Path, Store, dict], module_sample_store: Store) -> None:
     _, store, _ = flow_store
-    assert _snapshot(store) == _snapshot(local_store)
+    assert memory_snapshot(store) == memory_snapshot(module_sample_store)
 
 
 def test_rerun_changes_nothing(flow_store: tuple[Path, Store, dict]) -> None:
     root, store, _ = flow_store
-    before = _snapshot(store)
+    before = memory_snapshot(store)
     again = fc.consolidate_flow(users=None, overrides={"store": str(root)})
     assert again["counts"].get("sessions", 0) == 0 and again["llm"].get("calls", 0) == 0
-    assert _snapshot(store) == before
+    assert memory_snapshot(store) == before
     runs = _runs(store)
     assert len(runs) == 2 and {r["kind"] for r in runs} == {"consolidate"}
 
@@ -141,7 +120,7 @@ def test_backfill_equals_ingest_then_consolidate(prefect_harness: None, flow_sto
     result = fc.backfill_flow(path=str(SAMPLE), fmt="jsonl", overrides={"store": str(root)})
     store = open_store(_settings(root))
     assert "ingest" in result and result["counts"]["fragments"] > 0
-    got, want = _snapshot(store), _snapshot(reference)
+    got, want = memory_snapshot(store), memory_snapshot(reference)
     for key in ("messages", "sessions", "fragments", "insights", "fragments:content", "insights:content",
                 "clusters", "links", "watermarks", "stats"):
         assert got[key] == want[key], key
@@ -151,7 +130,7 @@ def test_backfill_equals_ingest_then_consolidate(prefect_harness: None, flow_sto
     # resumable: backfilling the same archive again pays nothing and changes nothing
     again = fc.backfill_flow(path=str(SAMPLE), fmt="jsonl", overrides={"store": str(root)})
     assert again["counts"].get("sessions", 0) == 0
-    assert _snapshot(store) == got
+    assert memory_snapshot(store) == got
 
 
 # -- LLM failures ------------------------------------------------------------------------
@@ -235,7 +214,7 @@ def test_transient_llm_failure_retries_the_stage(prefect_harness: None, no_retry
     extract_run = _final_task_run(_flow_run_id(state), "extract")
     assert extract_run.run_count == 2 and extract_run.state_type.value == "COMPLETED"
 
-    got, want = _snapshot(store), _snapshot(reference)
+    got, want = memory_snapshot(store), memory_snapshot(reference)
     for key in ("fragments", "insights", "fragments:content", "insights:content", "watermarks", "stats"):
         assert got[key] == want[key], key
     assert [r["status"] for r in _runs(store)] == ["completed"]
@@ -267,6 +246,6 @@ def test_fatal_llm_failure_fails_its_shard_only(
     # the next run (backend fixed) redoes bob only and converges to an uninterrupted run
     result = fc.consolidate_flow(users=None, overrides={"store": str(root)})
     assert result["counts"]["users"] == 1
-    got, want = _snapshot(store), _snapshot(reference)
+    got, want = memory_snapshot(store), memory_snapshot(reference)
     for key in ("fragments", "insights", "fragments:content", "insights:content", "watermarks", "stats"):
         assert got[key] == want[key], key

@@ -16,7 +16,7 @@ from memory.errors import IngestError
 from memory.ids import make_id
 from memory.ingest import FORMATS, IngestReport, ingest, read_archive
 from memory.store import Store
-from tests.helpers import LOCOMO, SAMPLE
+from tests.helpers import LOCOMO, SAMPLE, unique_ids
 
 TABLES = ("messages", "sessions", "observations", "quarantine")
 UTC = timezone.utc
@@ -43,12 +43,6 @@ def _quarantine(store: Store) -> dict[str, dict[str, Any]]:
     """Quarantined rows by reason (each reason once in these tests)."""
     rows = store.read("quarantine").to_pylist()
     return {r["reason"]: r for r in rows}
-
-
-def _no_duplicate_ids(store: Store) -> None:
-    for name in TABLES + ("runs",):
-        ids = store.read(name, columns=["id"]).column("id").to_pylist()
-        assert len(ids) == len(set(ids)), name
 
 
 # -- LoCoMo ------------------------------------------------------------------------------------
@@ -85,7 +79,7 @@ def test_locomo_counts_and_idempotent_reingest(store: Store) -> None:
     assert {name: store.version(name) for name in ("messages", "sessions")} == versions  # nothing rewritten
     runs = store.read("runs").to_pylist()
     assert len(runs) == 2 and {r["kind"] for r in runs} == {"ingest"}
-    _no_duplicate_ids(store)
+    unique_ids(store)
 
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo dev split not available")
@@ -229,7 +223,7 @@ def test_jsonl_bad_rows_are_quarantined_with_reasons(tmp_path: Path, store: Stor
     again = ingest(store, path, "jsonl")
     assert again.messages_added == 0 and again.quarantined == len(bad)
     assert _counts(store) == before  # quarantine rows not duplicated
-    _no_duplicate_ids(store)
+    unique_ids(store)
 
 
 def test_sample_archive_is_clean(store: Store) -> None:
@@ -301,7 +295,7 @@ def test_reused_message_id_in_file_and_across_ingests(tmp_path: Path, store: Sto
     session = store.read("sessions", "alice").to_pylist()
     assert len(session) == 1 and session[0]["n_messages"] == 3
     assert store.read("quarantine", columns=["id"]).num_rows == 2
-    _no_duplicate_ids(store)
+    unique_ids(store)
 
 
 
@@ -321,7 +315,7 @@ def test_a_later_ingest_reads_only_what_it_touches_yet_sees_reused_ids_in_other_
     assert rows["m4"]["seq"] == 1                                    # after m2 in s2
     sessions = {r["session_id"]: r["n_messages"] for r in store.read("sessions", "alice").to_pylist()}
     assert sessions == {"s1": 1, "s2": 2}
-    _no_duplicate_ids(store)
+    unique_ids(store)
 
 def test_tenants_never_mix(tmp_path: Path, store: Store) -> None:
     path = _write_jsonl(tmp_path / "two.jsonl", [
