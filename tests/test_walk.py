@@ -173,7 +173,7 @@ def test_expand_boosts_the_turns_cited_by_walked_nodes(retriever: Retriever) -> 
     """Each row gains bonus × the largest visits / max visits of a walked non-seed node citing it;
     seeds, uncited rows and the nodes themselves keep their starting score."""
     from retrieval.strategies import Query
-    from retrieval.walk import MERGE, expand, graph_for, walk_from_scores
+    from retrieval.walk import expand, graph_for, walk_from_scores
 
     r = retriever
     settings = r.settings
@@ -183,7 +183,8 @@ def test_expand_boosts_the_turns_cited_by_walked_nodes(retriever: Retriever) -> 
     q = Query(idx, vec, None, 5, settings, settings.kinds)
     rows = q.rows()
     ranked = idx.z[rows] @ vec
-    out = expand(q, rows, ranked, **MERGE)
+    bonus = 0.1
+    out = expand(q, rows, ranked, by="walked", bonus=bonus, cite=True, own=False)
     assert out is not None
     got_rows, got = out
     g = graph_for(idx)
@@ -196,7 +197,7 @@ def test_expand_boosts_the_turns_cited_by_walked_nodes(retriever: Retriever) -> 
     want: dict[int, float] = {}
     for n, c in gain.items():
         for row in g.cites[n].tolist():
-            want[row] = max(want.get(row, 0.0), MERGE["bonus"] * c / top)
+            want[row] = max(want.get(row, 0.0), bonus * c / top)
     start = dict(zip(rows.tolist(), ranked.tolist()))
     for row, sc in zip(got_rows.tolist(), got.tolist()):
         assert sc == pytest.approx(start[row] + want.get(row, 0.0), abs=1e-5)
