@@ -90,8 +90,7 @@ def consolidate(
         shards = plan_shards(store, _users(users), settings.shard_size)
         with Progress(console=console, transient=True) as progress:
             bar = progress.add_task("consolidating shards", total=len(shards))
-            report = run_local(store, settings, _users(users), on_shard=lambda _: progress.advance(bar),
-                               shards=shards)
+            report = run_local(store, settings, on_shard=lambda _: progress.advance(bar), shards=shards)
         typer.echo(report.summary())
         return
     from flows.consolidate import run_flow

@@ -419,7 +419,7 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
     users = sorted(set(batch.messages["user_id"].to_list()))
     quarantine = list(batch.quarantine)
 
-    existing = _existing_messages(store, batch, users)
+    existing = _existing_messages(store, batch)
     stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
     joined = batch.messages.join(stored, on=["user_id", "message_id"], how="left")
     conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
@@ -461,7 +461,7 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
     return report
 
 
-def _existing_messages(store: Store, batch: ArchiveBatch, users: list[str]) -> pl.DataFrame:
+def _existing_messages(store: Store, batch: ArchiveBatch) -> pl.DataFrame:
     """The stored messages this batch touches, read one user at a time (tenant-scoped): those whose
     ids it repeats (to spot a reused id) and those of its sessions (to continue `seq` and recompute
     the session rows). The rest of a user's history is not read."""
@@ -470,11 +470,10 @@ def _existing_messages(store: Store, batch: ArchiveBatch, users: list[str]) -> p
               "seq": pl.Int32, "speaker": pl.String, "ts": _TS}
     frames = [pl.DataFrame(schema=schema)]
     if store.has_table("messages"):
-        for user in users:
-            ids = batch.messages.filter(pl.col("user_id") == user)["id"].to_list()
-            sids = batch.sessions.filter(pl.col("user_id") == user)["session_id"].unique().to_list()
-            t = store.read("messages", user, columns=cols,
-                           where=col("id").isin(ids or [""]) | col("session_id").isin(sids or [""]))
+        for (user,), mine in batch.messages.group_by("user_id"):
+            t = store.read("messages", str(user), columns=cols,
+                           where=col("id").isin(mine["id"].to_list())
+                           | col("session_id").isin(mine["session_id"].unique().to_list()))
             if t.num_rows:
                 df = pl.from_arrow(t)
                 assert isinstance(df, pl.DataFrame)

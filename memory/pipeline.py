@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-from lancedb.expr import col
 
 from memory import prompts
 from memory.embed import Embedder, get_embedder
@@ -29,7 +28,7 @@ from memory.link import Cluster, Link, cluster_session, link_session
 from memory.llm.base import LLMBackend, get_backend
 from memory.reason import attribute_sources, insight_rows, pair_context
 from memory.settings import Settings
-from memory.store import Store
+from memory.store import Store, users_filter
 from memory.summarize import summarize
 from memory.topics import topics
 from memory.weave import weave
@@ -295,8 +294,7 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         "quarantine": store.upsert("quarantine", state.quarantine),
     }
     for name, users in state.replace.items():
-        if users:
-            store.delete(name, col("user_id").isin([validate_user_id(u) for u in users]))
+        store.delete(name, users_filter(users))
     for name, rows in state.extra.items():
         written[name] = store.upsert(name, rows)
     now = datetime.now(timezone.utc)

@@ -19,10 +19,11 @@ def breakpoints(sims: Sequence[float] | np.ndarray, threshold: float, min_size: 
     """[start, end) ranges over n = len(sims) + 1 items; sims[g-1] is the similarity across gap g
     (between items g-1 and g), and gaps below `threshold` are cut candidates. The caller computes
     the threshold, because the last bit of it decides ties and each caller keeps its own arithmetic.
-    With `local_minima` only gaps no higher than their neighbours are candidates. `max_size` should
-    be at least 2·`min_size`, so a long segment can always be split."""
+    With `local_minima` only gaps no higher than their neighbours are candidates. `max_size` is
+    raised to 2·`min_size` when below it, so a long segment can always be split."""
     s = np.asarray(sims, dtype=np.float64)
     n = len(s) + 1
+    max_size = max(max_size, 2 * min_size)
     if n < 2 * min_size:
         return [(0, n)]
     cuts: list[int] = []
@@ -42,7 +43,7 @@ def breakpoints(sims: Sequence[float] | np.ndarray, threshold: float, min_size: 
             cuts.append(g)
     while True:
         bounds = [0] + sorted(cuts) + [n]
-        long = [(a, b) for a, b in zip(bounds, bounds[1:]) if b - a > max_size and b - a >= 2 * min_size]
+        long = [(a, b) for a, b in zip(bounds, bounds[1:]) if b - a > max_size]
         if not long:
             return list(zip(bounds, bounds[1:]))
         a, b = long[0]

@@ -40,6 +40,11 @@ def user_filter(user_id: str) -> Expr:
     return col("user_id") == lit(validate_user_id(user_id))
 
 
+def users_filter(user_ids: list[str]) -> Expr:
+    """The typed `user_id IN (...)` filter for several validated users (one scan for all of them)."""
+    return col("user_id").isin([validate_user_id(u) for u in user_ids])
+
+
 class Store:
     """A LanceDB database holding every mnemo table; `dim` is the embedder's vector width."""
 

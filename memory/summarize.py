@@ -61,11 +61,11 @@ def gap_similarities(vectors: np.ndarray, window: int = WINDOW) -> np.ndarray:
 def segment(vectors: np.ndarray, min_size: int = MIN_PHASE, max_size: int = MAX_PHASE,
             window: int = WINDOW, drop_std: float = DROP_STD) -> list[tuple[int, int]]:
     """Phases as [start, end) ranges over time-ordered vectors (see the module docstring)."""
-    if len(vectors) < 2:
-        return [(0, len(vectors))] if len(vectors) else []
+    n = len(vectors)
+    if n < 2 * min_size:            # no cut could leave min_size on both sides
+        return [(0, n)] if n else []
     sims = gap_similarities(vectors, window)
-    return breakpoints(sims, sims.mean() - drop_std * sims.std(), min_size, max(max_size, 2 * min_size),
-                       local_minima=True)
+    return breakpoints(sims, sims.mean() - drop_std * sims.std(), min_size, max_size, local_minima=True)
 
 
 # -- rows -------------------------------------------------------------------------------------------

@@ -502,7 +502,7 @@ def _polarity(text: str) -> int:
 
 class _Frag:
     __slots__ = ("d", "subject", "category", "key", "content", "date", "side", "tokens", "key_tokens",
-                 "entities", "pol", "pol_content")
+                 "entities", "pol")
 
     def __init__(self, d: dict[str, Any], side: int) -> None:
         self.d = d
@@ -520,7 +520,6 @@ class _Frag:
                          if m.group(1) not in _NOT_ENTITY and m.group(1).lower() not in names
                          and m.group(1).lower().removesuffix("'s") not in names]
         self.pol = _polarity(f"{self.key} {self.content}")
-        self.pol_content = _polarity(self.content)
 
 
 def _content_tokens(text: str, exclude: set[str]) -> list[str]:
@@ -646,7 +645,7 @@ def _accumulation(subject: str, frags: list[_Frag], exclude: set[int]) -> dict[s
 
 def _extension(subject: str, frags: list[_Frag]) -> dict[str, str] | None:
     liked = [s for s in frags
-             if s.category == "subjective" and s.pol_content > 0 and _PREFERENCE_RE.search(s.content)]
+             if s.category == "subjective" and _polarity(s.content) > 0 and _PREFERENCE_RE.search(s.content)]
     for e in frags:
         if e.category != "experiential":
             continue
