@@ -34,8 +34,8 @@ from memory.ids import make_id
 from memory.segments import breakpoints
 from memory.settings import Settings
 from memory.store import Store
-from memory.weave import (Node, add_rows, has_stored, new_nodes, replace_user, stored_ids, stored_nodes,
-                          users_to_update)
+from memory.weave import (Node, add_rows, has_stored, new_nodes, replace_user, stored_ids, users_to_update,
+                          with_stored)
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,7 @@ def summarize(state: Any, store: Store, settings: Settings) -> Any:
         if rebuild:
             replace_user(state, "summaries", user)
             if stored:
-                known = {n.id for n in batch}
-                batch += [n for n in stored_nodes(store, user, until, ("fragment",)) if n.id not in known]
+                batch = with_stored(batch, store, user, until, ("fragment",))
         batch.sort(key=Node.order)
         phases = []
         if batch:

@@ -170,6 +170,13 @@ def stored_nodes(store: Store, user: str, until: datetime,
     return out
 
 
+def with_stored(batch: list[Node], store: Store, user: str, until: datetime,
+                kinds: tuple[str, ...] = ("fragment", "insight")) -> list[Node]:
+    """The shard's new nodes plus the user's stored ones up to `until`: a rebuild's input (unordered)."""
+    known = {n.id for n in batch}
+    return batch + [n for n in stored_nodes(store, user, until, kinds) if n.id not in known]
+
+
 def stored_ids(store: Store, user: str, until: datetime, kinds: tuple[str, ...]) -> set[str]:
     out: set[str] = set()
     for kind in kinds:
@@ -247,8 +254,7 @@ def weave(state: Any, store: Store, settings: Settings) -> Any:
             replace_user(state, "graph_nodes", user)
             replace_user(state, "graph_edges", user)
             if stored:
-                known = {n.id for n in batch}
-                batch += [n for n in stored_nodes(store, user, until) if n.id not in known]
+                batch = with_stored(batch, store, user, until)
         batch.sort(key=Node.order)
         nodes, edges = weave_batch(user, batch, last, state.run_id)
         add_rows(state, "graph_nodes", nodes)
