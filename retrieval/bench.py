@@ -66,7 +66,7 @@ def consolidate_locomo(path: str, store_dir: str, extraction: str) -> tuple[Any,
 
 def memweaver_cost(report: Any) -> str:
     """What weave + summarize added to one consolidation run: time, share, LLM requests per session."""
-    if report is None or not report.counts.get("sessions"):
+    if not report.counts.get("sessions"):
         return "MemWeaver cost: n/a (the store was already consolidated)"
     t = report.timings
     mw = t.get("weave", 0.0) + t.get("summarize", 0.0)

@@ -49,13 +49,11 @@ def bench_incremental(path: str, strategies: Sequence[str] = ("walk", "hybrid-wa
         t = time.perf_counter()
         consolidate(open_store(reb), reb)
         rebuild_s = time.perf_counter() - t
-        rows = {}
         qs = bench.load_questions(path, st)        # the rebuilt store holds the same turns
-        vecs = None
-        for name, s in (("incremental", inc), ("rebuilt", reb)):
-            r = Retriever(open_store(s), RetrievalSettings())
-            vecs = r.embed([q["question"] for q in qs]) if vecs is None else vecs
-            rows[name] = {n: bench.evaluate(r, qs, vecs, n, (10,)) for n in strategies}
+        retrievers = {name: Retriever(open_store(s), RetrievalSettings()) for name, s in
+                      (("incremental", inc), ("rebuilt", reb))}
+        vecs = retrievers["incremental"].embed([q["question"] for q in qs])
+        rows = {name: {n: bench.evaluate(r, qs, vecs, n, (10,)) for n in strategies} for name, r in retrievers.items()}
         lines = [f"LoCoMo {Path(path).name}: two incremental batches vs a rebuild of the same store "
                  f"(rebuild took {rebuild_s:.1f} s)", "",
                  "| strategy | R@10 incremental | R@10 rebuilt | difference (goal < 0.01) |", "|---|---|---|---|"]

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from memory.benchmark import scratch_store
+from memory.schemas import MEMORY_TABLES
 from retrieval.bench import consolidate_locomo, load_questions, recall_at
 from retrieval.rerank import GLOBAL, TrainConfig, load_latest, scope_key, train_reranker
 from retrieval.retriever import Retriever
@@ -80,7 +81,7 @@ def _recalls(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, id
     return vals, ms
 
 
-KINDS = ("message", "fragment", "insight", "topic", "summary")
+KINDS = tuple(MEMORY_TABLES)
 
 
 def _features(items: Sequence[Any]) -> np.ndarray:

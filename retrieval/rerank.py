@@ -33,8 +33,10 @@ import numpy as np
 import pyarrow.compute as pc
 from lancedb.expr import col, lit
 
+from memory import schemas
 from memory.ids import make_id, validate_user_id
 from memory.store import Store
+from retrieval.strategies import novel_order
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +137,8 @@ class Reranker:
 
 # -- storage ----------------------------------------------------------------------------------------
 #: the `rerankers` columns but the weights blob (2·d² floats, 1.2 MB at d = 384): read one version's
-#: weights only when it is the one loaded
-_META = ["id", "version", "scope", "user_id", "created_at", "dim", "sha256", "feedback_until", "metrics_json",
-         "run_id"]
+#: weights only when it is the one loaded (the dimension does not change the names)
+_META = [name for name in schemas.rerankers(1).names if name != "weights"]
 
 
 def _rows(store: Store, key: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
@@ -221,8 +222,7 @@ class Example:
 
 def _uncovered(ex: Example, remaining: np.ndarray, seen: set[str]) -> None:
     """Drop from `remaining` the candidates whose every source is in `seen` (deduplicated lists)."""
-    if ex.sources is None:
-        return
+    assert ex.sources is not None
     for j in np.flatnonzero(remaining).tolist():
         src = ex.sources[j]
         if src and set(src) <= seen:
@@ -281,8 +281,6 @@ def _loss_grad(model: Reranker, ex: Example, cfg: TrainConfig,
     for _ in range(cfg.samples):
         order, _ = model.sample(ex.q, ex.m, ex.prior, ex.m.shape[0], rng, cfg.temperature)
         if ex.sources is not None:
-            from retrieval.strategies import novel_order
-
             order = novel_order(ex.sources, order, cfg.top_m)
         order = order[:cfg.top_m]
         l, a, b = _pl_grad(model, ex, order, known[order], cfg)
@@ -479,13 +477,11 @@ def train_reranker(retriever: Any, *, scope: str = GLOBAL, cfg: TrainConfig | No
     else:
         users = sorted(set(read_feedback(store, columns=["user_id"]).column("user_id").to_pylist()))
         groups = {scope_key("user", u): u for u in users}
-    start: list[Reranker | None] = []               # the global version a user's first one starts from
+    start = load_latest(store, GLOBAL)[0] if scope != GLOBAL else None   # a user's first version starts here
     for key, user in groups.items():
         init, row = load_latest(store, key)
         if init is None and key != GLOBAL:
-            if not start:
-                start.append(load_latest(store, GLOBAL)[0])
-            init = start[0]
+            init = start
         since = row["feedback_until"] if row is not None else EPOCH
         t = read_feedback(store, user)
         if t.num_rows:

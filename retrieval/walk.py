@@ -148,9 +148,7 @@ def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> G
             temporal[a].append((b, float(gap)))
             temporal[b].append((a, float(gap)))
         temporal = [sorted(t) for t in temporal]   # neighbour order (and so the walk) independent of row order
-    graph = Graph(rows, day, cluster, members, temporal)
-    graph.cites = _cited_messages(index, rows)
-    return graph
+    return Graph(rows, day, cluster, members, temporal, _cited_messages(index, rows))
 
 
 def _cited_messages(index: UserIndex, rows: np.ndarray) -> list[np.ndarray]:
@@ -304,8 +302,7 @@ MERGE = {"by": "walked", "bonus": 0.1, "cite": True, "own": False}
 WALK_NODES_SHOWN = 50
 
 
-def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams | None = None,
-           by: str = "walked", bonus: float = 0.1, cite: bool = True, own: bool = False
+def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, *, by: str, bonus: float, cite: bool, own: bool
            ) -> tuple[np.ndarray, np.ndarray] | None:
     """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
 
@@ -316,14 +313,13 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
     several nodes the largest of theirs. So the turns next to the top hits in their conversation,
     which the walks reach along temporal edges, climb over weaker one-off hits.
     """
-    params = params or PARAMS
     index = q.index
     graph = graph_for(index)
     if graph is None or graph.size == 0:
         return None
     full = np.full(index.size, -np.inf, dtype=np.float64)
     full[rows] = ranked
-    walked = walk_from_scores(index, graph, q.vector, full, params)
+    walked = walk_from_scores(index, graph, q.vector, full)
     visited = [int(graph.rows[n]) for n in walked.ranked()[:WALK_NODES_SHOWN]]
     q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes),
                      walk_nodes=index.meta.column("id").take(visited).to_pylist() if visited else [])
@@ -338,7 +334,7 @@ def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, params: WalkParams 
     top = max(gain.values(), default=1.0) or 1.0
     add: dict[int, float] = {}
     for node, g in gain.items():
-        targets = graph.cites[node].tolist() if cite and graph.cites else []
+        targets = graph.cites[node].tolist() if cite else []
         if own:
             targets.append(int(graph.rows[node]))
         if not targets:
