@@ -6,11 +6,13 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
 from memory.errors import ConfigError, UnknownBackendError
+from memory.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +115,13 @@ def get_embedder(name: str = "sentence-transformers", model: str = "", **kwargs:
     except KeyError:
         raise UnknownBackendError("embedder", name, list(EMBEDDERS)) from None
     return factory(model=model, **kwargs)
+
+
+@lru_cache(maxsize=4)
+def _shared(name: str, model: str, device: str, batch_size: int) -> Embedder:
+    return get_embedder(name, model, device=device, batch_size=batch_size)
+
+
+def embedder_for(settings: Settings) -> Embedder:
+    """The process-wide embedder for these settings (loaded once per process or Dask worker)."""
+    return _shared(settings.embedder, settings.embed_model, settings.embed_device, settings.embed_batch_size)

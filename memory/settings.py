@@ -1,20 +1,125 @@
-"""One settings object: environment variables prefixed `MNEMO_`, overridable by CLI flags.
+"""One settings object for all of mnemo, read from the environment once, at the edges.
 
-Read only at the edges (CLI, flows, HTTP service); library code takes explicit arguments.
+`load_settings()` is the only place that reads the environment: variables prefixed `MNEMO_`, the
+retriever's section as `MNEMO_RETRIEVAL_*` (`MNEMO_RETRIEVAL_K=5` sets `settings.retrieval.k`) and the
+service key as `MNEMO_API_KEY`. The CLI, the flows and the service call it and pass the result down
+(to Prefect tasks and Dask workers as data); library code takes a `Settings` argument, and a bare
+`Settings()` is the documented defaults, whatever the environment says.
+
+Retrieval defaults: RF-Mem's come from the paper (Appendix B, PersonaMem turn-level setup): λ = 20,
+B = 3, F = 2, θ_low = 0.3; α = 0.5 from the sensitivity study (Appendix D.2, D.4). The round cap R is
+not given in the paper; its case study (Appendix D.7) shows three rounds, so R = 3. Two values differ
+from the paper, both chosen on the LoCoMo dev split (bench/RESULTS.md says how): θ_high = 0.45 (paper
+0.6) and τ = 0.85 on the entropy normalized by log k (the paper's τ is on its own, unnormalized scale,
+see retrieval/rfmem.py). `PAPER` keeps the published values.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class Settings(BaseSettings):
+#: the published RF-Mem hyperparameters (PersonaMem, Appendix B / D.2), for reference and overrides
+PAPER = {"lam": 20.0, "beam": 3, "fanout": 2, "theta_high": 0.6, "theta_low": 0.3, "tau": 0.25, "alpha": 0.5,
+         "entropy_normalized": False}
+
+
+class RetrievalSettings(BaseModel):
+    """Every knob of the online retriever: the `retrieval` section of `Settings`
+    (environment variables `MNEMO_RETRIEVAL_*`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # what a plain call does
+    default_strategy: str = Field("rfmem-hybrid", description="strategy used when none is asked for")
+    k: int = Field(10, ge=1, le=200, description="items returned by default")
+    kinds: tuple[str, ...] = Field(("message", "fragment", "insight", "topic"),
+                                   description="memory kinds searched (topics: +0.026 Recall@10 on LoCoMo dev, "
+                                   "`mnemo bench rerank`)")
+
+    # RF-Mem probe and gate (paper §2.1, Appendix B)
+    probe_k: int = Field(10, ge=2, description="probe size k_p (the paper uses K)")
+    lam: float = Field(20.0, gt=0, description="softmax sharpness λ")
+    theta_high: float = 0.45
+    theta_low: float = 0.3
+    tau: float = Field(0.85, description="entropy threshold on H(p)/log k (normalized, see rfmem.py)")
+    entropy_normalized: bool = Field(True, description="divide H(p) by log k so τ does not depend on k")
+
+    # RF-Mem recollection (paper §2.2, Algorithm 3)
+    beam: int = Field(3, ge=1, description="beam width B")
+    fanout: int = Field(2, ge=1, description="fanout F; N = (B + r)·F")
+    rounds: int = Field(3, ge=1, description="max rounds R")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="α: weight of the current query in the mix")
+    kmeans_iters: int = 10
+    full_exploration: bool = Field(False, description="run all R rounds (paper Appendix D.9)")
+    rerank_union: bool = Field(False, description="re-rank the union by the original query (Appendix D.9)")
+
+    # beyond the paper
+    lexical_weight: float = Field(0.3, ge=0.0, le=1.0, description="share of BM25 in the hybrid score")
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    kind_weights: dict[str, float] = Field(
+        default_factory=lambda: {"message": 0.0, "fragment": 0.0, "insight": -0.1, "summary": -0.05,
+                                 "topic": 0.0},
+        description="additive score prior per memory kind (hybrid strategies)")
+    dedupe_sources: bool = Field(True, description="the hybrid strategies and the walk skip memories whose "
+                                 "every source message is already cited above them (so does the "
+                                 "reranker after reordering their candidates)")
+    calibration_samples: int = Field(256, ge=8, description="memories used as pseudo-queries to calibrate")
+    calib_high_q: float = Field(0.75, description="θ_high = this quantile of the store's probe means")
+    calib_low_q: float = Field(0.25, description="θ_low = this quantile of the store's probe means")
+    calib_tau_q: float = Field(0.5, description="τ = this quantile of the store's probe entropies")
+    calib_shift: float = Field(0.0, description="subtracted from pseudo-query means (memory vs question gap)")
+
+    # RMM retrospective reflection (Tan et al. §6, Appendix A.1): top-K = 20 -> top-M = 5
+    rerank: bool = Field(False, description="apply the latest reranker version to every retrieve")
+    rerank_top_k: int = Field(20, ge=1, le=200, description="candidates the reranker re-scores")
+    rerank_top_m: int = Field(5, ge=1, le=200, description="items kept when rerank is on and no k is given")
+    rerank_explore: bool = Field(False, description="sample the top-M with Gumbel noise (the paper's online "
+                                 "exploration, starting from the identity when no version exists) instead of "
+                                 "the argmax: feedback from deterministic top-M is what the reranker already "
+                                 "shows, and REINFORCE on it learns to demote the base ranking")
+    rerank_seed: int | None = Field(None, description="seed of the exploration noise (benchmarks)")
+    rerank_scope: Literal["global", "user"] = Field("global", description="use the user's own version "
+                                                   "when `user` (falling back to the global one)")
+    # training (retrieval.rerank.TrainConfig; Appendix A.1 values by default)
+    rerank_lr: float = Field(1e-3, gt=0, description="policy-gradient learning rate η (A.1: 1e-3)")
+    rerank_batch_size: int = Field(4, ge=1, description="feedback rows per update (A.1: 4)")
+    rerank_temperature: float = Field(0.5, gt=0, description="Gumbel / softmax temperature τ (A.1: 0.5)")
+    rerank_baseline: float | Literal["mean"] = Field(0.5, description="REINFORCE baseline b (A.1: 0.5); "
+                                                     "'mean': the mean reward of the feedback trained on")
+    rerank_optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd: eq. 3 as written; adam "
+                                                     "diverges with b = 0.5 on LoCoMo (-0.4 Recall@5), not "
+                                                     "with baseline 'mean'")
+    rerank_epochs: int = Field(1, ge=1, description="passes over the new feedback per train run")
+    rerank_samples: int = Field(0, ge=0, description="fresh Gumbel top-M samples per query per step over "
+                                "the top-K pool (0: the logged shown list only)")
+    rerank_rank: int = Field(0, ge=0, description="train W = U Vᵀ of this rank (0: full d×d)")
+    rerank_l2: float = Field(0.0, ge=0, description="L2 pull of the residual adapters toward 0")
+    rerank_clip: float = Field(0.0, ge=0, description="clip the batch gradient norm (0: off)")
+
+    # caching and service
+    refresh_ms: int = Field(500, ge=0, description="check table versions at most this often")
+    max_query_chars: int = Field(4000, ge=1, description="longer queries are refused (HTTP 413)")
+    max_k: int = 200
+    context_tokens: int = Field(1500, ge=1, description="default token budget of res.context()")
+    host: str = "127.0.0.1"
+    port: int = 8765
+    api_key: SecretStr | None = Field(None, description="`MNEMO_API_KEY`: when set, /v1 calls "
+                                      "need `Authorization: Bearer <key>`")
+
+    def with_overrides(self, **overrides: Any) -> "RetrievalSettings":
+        """A copy with the non-None overrides applied."""
+        clean = {k: v for k, v in overrides.items() if v is not None}
+        return self.model_copy(update=clean)
+
+
+class Settings(BaseModel):
     """Every knob of mnemo, with defaults that run on one laptop with no GPU and no network."""
 
-    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     store: str = Field("./memstore", description="LanceDB directory or object-store URI")
 
@@ -53,13 +158,30 @@ class Settings(BaseSettings):
     dask_local: int = 0
     dask_address: str | None = None
 
+    # the online retriever and its service
+    retrieval: RetrievalSettings = Field(default_factory=lambda: RetrievalSettings())
+
     def with_overrides(self, **overrides: Any) -> "Settings":
         """A copy with the non-None overrides applied (CLI flags win over the environment)."""
         clean = {k: v for k, v in overrides.items() if v is not None}
-        return self.model_copy(update=clean)
+        return self.model_validate({**self.model_dump(), **clean})
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process-wide settings read from the environment once."""
-    return Settings()
+class _FromEnvironment(BaseSettings, Settings):
+    """`Settings` read from `MNEMO_*` variables; nested sections split at their first underscore."""
+
+    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", env_nested_delimiter="_",
+                                      env_nested_max_split=1)
+
+    api_key: SecretStr | None = Field(None, exclude=True)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment with the non-None `overrides` applied (CLI flags win).
+
+    The one place mnemo reads its environment; call it at an edge and pass the result down."""
+    env = _FromEnvironment()
+    data = env.model_dump(exclude={"api_key"})
+    if env.api_key is not None and data["retrieval"].get("api_key") is None:
+        data["retrieval"]["api_key"] = env.api_key
+    return Settings.model_validate(data).with_overrides(**overrides)
