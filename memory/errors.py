@@ -6,10 +6,12 @@ MnemoError
 ├── OptionalDependencyError   an extra (e.g. `vllm`) is not installed
 ├── InvalidUserIdError        a user id fails the strict id pattern
 ├── StoreError                the LanceDB store cannot be used as asked
+│   └── CorruptWeightsError   a stored reranker version fails its checksum, shape or value check
 ├── IngestError               an archive cannot be read at all (bad rows are quarantined instead)
 └── LLMError
     ├── LLMTransientError     worth retrying (timeouts, 429, 5xx)
     ├── LLMResponseError      the model answered, but not valid JSON for the schema
+    │   └── InvalidAnswerError  a schema-valid answer fails a prompt's own check (also a ValueError)
     └── ReplayMissError       the `replay` backend has no recorded answer
 
 Errors carry their arguments so Prefect and Dask can move them between processes.
@@ -82,6 +84,10 @@ class StoreError(MnemoError):
     """The store cannot do what was asked (wrong embedding size, missing table...)."""
 
 
+class CorruptWeightsError(StoreError):
+    """Stored model weights (a reranker version) fail their checksum, shape or value check."""
+
+
 class IngestError(MnemoError):
     """An archive cannot be read at all (a bad row is quarantined, not raised)."""
 
@@ -96,6 +102,13 @@ class LLMTransientError(LLMError):
 
 class LLMResponseError(LLMError):
     """The model answered, but the answer is not valid JSON for the expected schema."""
+
+
+class InvalidAnswerError(LLMResponseError, ValueError):
+    """A schema-valid answer fails a prompt's own check (a `validate` callback or a strict parser).
+
+    Also a ValueError: the runner re-asks once, then quarantines, when a `validate` callback raises one.
+    """
 
 
 class ReplayMissError(LLMError):

@@ -19,7 +19,7 @@ from memory.errors import ConfigError, LLMError, LLMTransientError, OptionalDepe
 from memory.llm.base import LLMRequest
 from memory.llm.openai_backend import OpenAIBackend
 from memory.llm.runner import LLMRunner
-from memory.llm.vllm_backend import VLLMBackend, _vllm
+from memory.llm.vllm_backend import VLLMBackend, vllm_module
 
 SCHEMA = {
     "type": "object",
@@ -88,8 +88,9 @@ def _app(state: dict[str, Script]) -> FastAPI:
                 return JSONResponse({"error": {"message": "slow down", "type": "rate_limit"}}, status_code=429,
                                     headers={"retry-after": "0", "retry-after-ms": "10"})
             if action in ("500", "401", "400"):
+                # x-should-retry: the SDK's own retry loop would obey it even on a 4xx; ours never does
                 return JSONResponse({"error": {"message": f"scripted {action}"}}, status_code=int(action),
-                                    headers={"retry-after-ms": "10"})
+                                    headers={"retry-after-ms": "10", "x-should-retry": "true"})
             user = body["messages"][1]["content"]
             content = {"malformed": '{"answer": "unfinished',
                        "wrong": '{"answer": ""}'}.get(action, json.dumps({"answer": user}))
@@ -150,11 +151,41 @@ def test_concurrency_bound_is_respected(server: Any, script: Script) -> None:
 
 
 @pytest.mark.parametrize("status", ["429", "500"])
-def test_transient_status_is_retried_by_the_client(server: Any, script: Script, status: str) -> None:
+def test_transient_status_is_retried_by_the_backend(server: Any, script: Script, status: str) -> None:
     script.actions.extend([status])
     (resp,) = _backend(server).complete([_request("again")])
     assert resp.error is None and json.loads(resp.text) == {"answer": "again"}
     assert len(script.bodies) == 2
+
+
+def test_retries_stop_at_max_retries_and_the_sdk_adds_none(server: Any, script: Script) -> None:
+    script.default = "500"
+    (resp,) = _backend(server, max_retries=2).complete([_request("down")])
+    assert resp.text is None and resp.error_kind == "transient" and "500" in resp.error
+    assert len(script.bodies) == 3  # one call + max_retries retries, nothing from the SDK on top
+    script.bodies.clear()
+    (resp,) = _backend(server, max_retries=0).complete([_request("down")])
+    assert resp.error_kind == "transient" and len(script.bodies) == 1
+
+
+def test_retry_policy_is_named_and_honours_retry_after() -> None:
+    import httpx
+    import openai
+
+    from memory.llm.openai_backend import MAX_RETRY_DELAY_S, is_retryable, retry_delay
+
+    def status_error(code: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:
+        req = httpx.Request("POST", "http://x/v1/chat/completions")
+        return openai.APIStatusError("scripted", response=httpx.Response(code, headers=headers, request=req),
+                                     body=None)
+
+    assert all(is_retryable(status_error(c)) for c in (408, 409, 429, 500, 502, 503))
+    assert not any(is_retryable(status_error(c, {"x-should-retry": "true"})) for c in (400, 401, 403, 404, 422))
+    assert is_retryable(openai.APITimeoutError(request=httpx.Request("POST", "http://x")))
+    assert retry_delay(0, status_error(429, {"retry-after-ms": "250"})) == 0.25
+    assert retry_delay(0, status_error(429, {"retry-after": "2"})) == 2.0
+    assert 0.375 <= retry_delay(0, status_error(500)) <= 0.5
+    assert 0.75 * MAX_RETRY_DELAY_S <= retry_delay(10, status_error(429, {"retry-after": "3600"})) <= MAX_RETRY_DELAY_S
 
 
 def test_auth_and_bad_request_are_not_retried(server: Any, script: Script) -> None:
@@ -195,7 +226,7 @@ def test_timeout_ends_in_transient_error_from_runner(server: Any, script: Script
         runner.run([_request("slow one"), _request("fine")])
     assert time.monotonic() - start < 5
     assert err.value.failed == 1 and "APITimeoutError" in str(err.value)
-    assert len(script.bodies) == 3  # the hanging one twice (one client retry), the other once
+    assert len(script.bodies) == 3  # the hanging one twice (one backend retry), the other once
 
 
 def test_auth_failure_is_not_transient(server: Any, script: Script) -> None:
@@ -271,7 +302,7 @@ def test_vllm_through_runner_caches_nothing_without_cache() -> None:
     assert answers == [{"answer": "x"}, {"answer": "y"}] and bad == [] and len(fake.calls) == 1
 
 
-@pytest.mark.skipif(_vllm() is not None, reason="vllm is installed")
+@pytest.mark.skipif(vllm_module() is not None, reason="vllm is installed")
 def test_vllm_missing_is_an_optional_dependency_error() -> None:
     with pytest.raises(OptionalDependencyError, match="vllm"):
         VLLMBackend(model="some/model")

@@ -11,8 +11,9 @@ import pytest
 
 from memory import prompts
 from memory.dates import find_time_expression, normalize_date, time_match
-from memory.llm.base import LLMRequest, _REGISTRY
-from memory.llm.rules import RulesBackend, TASKS, categorize, key_phrase, third_person
+from memory.llm.base import LLMRequest, backend_factory
+from memory.llm.rules import RulesBackend, TASKS
+from memory.text import categorize, key_phrase, third_person
 from tests.helpers import LOCOMO
 
 MSG_DAY = datetime(2023, 5, 8, 13, 56)        # a Monday
@@ -152,7 +153,7 @@ def _extract(session):
 
 
 def test_backend_registered_and_named():
-    assert _REGISTRY["rules"] is RulesBackend
+    assert backend_factory("rules") is RulesBackend
     b = RulesBackend()
     assert (b.name, b.live, b.model) == ("rules", False, "rules-v1")
     assert {"extract", "reason"} <= set(TASKS)

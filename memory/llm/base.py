@@ -109,14 +109,18 @@ def _load_builtin(name: str) -> None:
         importlib.import_module(module)
 
 
-def get_backend(name: str, **kwargs: Any) -> LLMBackend:
-    """Build a backend by name, e.g. get_backend("openai", model=..., base_url=...)."""
+def backend_factory(name: str) -> Callable[..., LLMBackend]:
+    """The factory registered under `name` (importing a built-in backend's module first)."""
     _load_builtin(name)
     try:
-        factory = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         raise UnknownBackendError("llm", name, known_backends()) from None
-    return factory(**kwargs)
+
+
+def get_backend(name: str, **kwargs: Any) -> LLMBackend:
+    """Build a backend by name, e.g. get_backend("openai", model=..., base_url=...)."""
+    return backend_factory(name)(**kwargs)
 
 
 def known_backends() -> list[str]:

@@ -1,11 +1,17 @@
 """The `openai` backend: chat completions with a JSON-schema response format against any
 OpenAI-compatible server (`vllm serve`, hosted APIs).
 
-The whole batch is sent concurrently, at most `concurrency` requests in flight. Retries happen in
-one place, the SDK client (`max_retries`, exponential backoff with jitter, `Retry-After` honoured)
-on timeouts, connection errors, 408/409/429 and 5xx; 400/401/403/404/422 are never retried.
-A request that still fails comes back as `LLMResponse.failure(kind, message)` (see
-`memory.llm.base.ErrorKind`): the runner raises LLMTransientError / LLMError or quarantines.
+The whole batch is sent concurrently, at most `concurrency` requests in flight.
+
+Retries happen in exactly one place per HTTP call: the loop in `OpenAIBackend` around each request.
+The SDK client is built with `max_retries=0`, so its own retries never stack with ours. A failed call
+is tried again, up to `max_retries` more times, only when :func:`is_retryable` says so: timeouts,
+connection errors, 408/409/429 and 5xx (:func:`classify` -> `transient`); 400/401/403/404/422 and any
+other 4xx are never retried. The wait (:func:`retry_delay`) honours the server's `Retry-After` /
+`Retry-After-Ms` (up to 60 s), else backs off exponentially (0.5 s doubling, at most 8 s, minus up to
+25 % jitter). A request that still fails comes back as `LLMResponse.failure(kind, message)` (see
+`memory.llm.base.ErrorKind`): the runner never re-sends it; it raises LLMTransientError / LLMError
+or quarantines, and whether a stage is run again after an LLMTransientError is the flow's decision.
 
 `complete` is synchronous and safe to call from worker threads: each call runs its own event loop
 and client (inside a running event loop it runs on a helper thread).
@@ -13,11 +19,17 @@ and client (inside a running event loop it runs on a helper thread).
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
+import math
+import random
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from memory.errors import ConfigError
 from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, register_backend
@@ -25,6 +37,11 @@ from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, regi
 log = logging.getLogger(__name__)
 
 _ERR_CHARS = 300
+#: backoff between tries of one request when the server names no delay (the SDK's own values)
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
+#: the longest server-named delay (`Retry-After`) that is honoured; longer ones fall back to backoff
+MAX_RETRY_AFTER_S = 60.0
 
 
 def classify(exc: BaseException) -> ErrorKind:
@@ -40,6 +57,43 @@ def classify(exc: BaseException) -> ErrorKind:
             return "fatal"
         return "rejected"
     return "transient"
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Is a failed call worth trying again right away? Only `transient` failures (see `classify`)."""
+    return classify(exc) == "transient"
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The delay in seconds the server asked for (`Retry-After-Ms`, `Retry-After` as seconds or an
+    HTTP date), or None when it named none."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(header)
+        if value is None:
+            continue
+        try:
+            return float(value) / divisor
+        except ValueError:
+            continue
+    try:
+        parsed = email.utils.parsedate_tz(headers.get("retry-after"))
+        return None if parsed is None else float(email.utils.mktime_tz(parsed) - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def retry_delay(retries_done: int, exc: BaseException) -> float:
+    """How long to wait before retry number `retries_done + 1` after `exc`: the server's delay when it
+    named one (0 < delay <= MAX_RETRY_AFTER_S), else exponential backoff with up to 25 % jitter."""
+    asked = retry_after(exc)
+    if asked is not None and math.isfinite(asked) and 0 < asked <= MAX_RETRY_AFTER_S:
+        return asked
+    backoff = min(INITIAL_RETRY_DELAY_S * 2.0 ** min(retries_done, 1000), MAX_RETRY_DELAY_S)
+    return max(0.0, backoff * (1 - 0.25 * random.random()))
 
 
 def failure(exc: BaseException) -> LLMResponse:
@@ -99,8 +153,9 @@ class OpenAIBackend(LLMBackend):
 
     async def _complete_all(self, requests: list[LLMRequest]) -> list[LLMResponse]:
         limit = asyncio.Semaphore(self.concurrency)
+        # max_retries=0: the SDK never retries; `_call` is the one retry loop (see the module docstring)
         async with openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout_s,
-                                      max_retries=self.max_retries) as client:
+                                      max_retries=0) as client:
             responses = await asyncio.gather(*(self._one(client, limit, r) for r in requests))
         failed = sum(r.error is not None for r in responses)
         if failed:
@@ -111,13 +166,7 @@ class OpenAIBackend(LLMBackend):
     async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, request: LLMRequest) -> LLMResponse:
         async with limit:
             try:
-                completion = await client.chat.completions.create(
-                    model=self.model,
-                    messages=request.messages,  # type: ignore[arg-type]
-                    response_format=self.response_format(request),  # type: ignore[arg-type]
-                    max_completion_tokens=self.max_tokens,
-                    temperature=self.temperature,
-                )
+                completion = await self._call(client, request)
             except openai.OpenAIError as exc:
                 return failure(exc)
         usage = completion.usage
@@ -129,7 +178,29 @@ class OpenAIBackend(LLMBackend):
             log.warning("openai: %s answer cut at max_tokens=%d", request.task, self.max_tokens)
         return LLMResponse(text=choice.message.content, tokens_in=tokens_in, tokens_out=tokens_out)
 
+    async def _call(self, client: openai.AsyncOpenAI, request: LLMRequest) -> ChatCompletion:
+        """One chat completion, tried again (up to `max_retries` times) while `is_retryable`."""
+        retries = 0
+        while True:
+            try:
+                return await client.chat.completions.create(
+                    model=self.model,
+                    messages=cast(list[ChatCompletionMessageParam], request.messages),
+                    response_format=cast(ResponseFormatJSONSchema, self.response_format(request)),
+                    max_completion_tokens=self.max_tokens,
+                    temperature=self.temperature,
+                )
+            except openai.OpenAIError as exc:
+                if retries >= self.max_retries or not is_retryable(exc):
+                    raise
+                delay = retry_delay(retries, exc)
+                retries += 1
+                log.info("openai: %s request failed (%s), retry %d of %d in %.2fs", request.task,
+                         type(exc).__name__, retries, self.max_retries, delay)
+                await asyncio.sleep(delay)
+
     @staticmethod
     def response_format(request: LLMRequest) -> dict[str, Any]:
+        """The strict JSON-schema response format of `request`."""
         return {"type": "json_schema",
                 "json_schema": {"name": request.task, "schema": request.schema, "strict": True}}

@@ -7,10 +7,13 @@
   upsert, keyed by the original request, so a re-run or a retried Prefect task never pays twice.
 - `replay`: the cache is the only source; the backend raises ReplayMissError for any miss.
 - Non-live backends (`rules`, test fakes): no cache.
-- An answer that is not JSON, violates `request.schema` or fails the `validate` callback is asked
-  again once (same request plus a user message quoting the error); still bad -> `Quarantined`.
+- An answer that is not JSON, violates `request.schema` or fails the `validate` callback (which
+  raises a ValueError, e.g. `memory.errors.InvalidAnswerError`) is asked again once (same request
+  plus a user message quoting the error); still bad -> `Quarantined`.
 - Backends report per-request failures as `LLMResponse.error` with its `error_kind`:
-  `transient` (default) -> LLMTransientError, `fatal` -> LLMError, `rejected` -> quarantined. Errors are raised only after the batch's valid answers were cached.
+  `transient` (default) -> LLMTransientError, `fatal` -> LLMError, `rejected` -> quarantined. Errors
+  are raised only after the batch's valid answers were cached. The runner never re-sends a failed
+  request: retrying a call is the backend's job (see `memory.llm.openai_backend`).
 """
 from __future__ import annotations
 
@@ -243,7 +246,7 @@ def check(text: str | None, schema: dict[str, Any],
     if validate is not None:
         try:
             validate(answer)
-        except ValueError as exc:
+        except ValueError as exc:  # InvalidAnswerError is one
             return None, f"rejected: {exc}"[:_ERR_QUOTE]
     return answer, None
 

@@ -37,7 +37,8 @@ class SimpleSamplingParams:
     json_schema: dict[str, Any]
 
 
-def _vllm() -> Any | None:
+def vllm_module() -> Any | None:
+    """The `vllm` package, or None when it is not installed."""
     try:
         import vllm
     except ImportError:
@@ -50,7 +51,7 @@ def _engine(model: str, engine_kwargs: dict[str, Any]) -> Any:
     key = f"{model}|{json.dumps(engine_kwargs, sort_keys=True, default=str)}"
     with _ENGINES_LOCK:
         if key not in _ENGINES:
-            vllm = _vllm()
+            vllm = vllm_module()
             if vllm is None:
                 raise OptionalDependencyError("vllm", "vllm")
             log.info("vllm: loading %s", model)
@@ -69,7 +70,7 @@ class VLLMBackend(LLMBackend):
     def __init__(self, model: str = "", max_tokens: int = 2048, temperature: float = 0.0, *,
                  llm: Any | None = None, engine_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(model)
-        if llm is None and _vllm() is None:
+        if llm is None and vllm_module() is None:
             raise OptionalDependencyError("vllm", "vllm")
         if llm is None and not self.model:
             raise ConfigError("the vllm backend needs a model: set MNEMO_LLM_MODEL to a Hugging Face id or path",
@@ -89,7 +90,7 @@ class VLLMBackend(LLMBackend):
         return self._llm
 
     def sampling_params(self, schema: dict[str, Any]) -> Any:
-        vllm = _vllm()
+        vllm = vllm_module()
         if vllm is None:
             return SimpleSamplingParams(self.max_tokens, self.temperature, schema)
         from vllm.sampling_params import StructuredOutputsParams

@@ -1,0 +1,234 @@
+"""Format readers: each turns one archive into ("msg", message record) and ("bad", quarantine row) pairs.
+
+`locomo` and `longmemeval` are JSON files read whole (:func:`read_json`); `jsonl` and `parquet` are
+streamed, one row at a time, each row checked for the generic fields (:data:`FIELDS`). LoCoMo's
+observations are read separately (:func:`locomo_observations`), only when asked for.
+"""
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pyarrow.parquet as pq
+
+from memory.errors import IngestError
+from memory.ingest.common import FIELDS, dump_raw, quarantine_row
+
+__all__ = ["Reader", "read_json", "read_rows", "locomo_observations"]
+
+_LOCOMO_TIME = "%I:%M %p on %d %B, %Y"          # "1:56 pm on 8 May, 2023"
+_LONGMEMEVAL_TIME = "%Y/%m/%d (%a) %H:%M"        # "2023/05/20 (Sat) 02:21"
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def _parse_time(value: Any, fmt: str | None = None) -> datetime | None:
+    """ISO 8601 (or `fmt`, then dateparser as a fallback) to an aware UTC datetime; None if unparsable."""
+    if isinstance(value, datetime):
+        return _utc(value)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return _utc(datetime.strptime(text, fmt) if fmt else datetime.fromisoformat(text))
+    except ValueError:
+        pass
+    if fmt is None:
+        return None  # generic archives promise ISO 8601: do not guess
+    import dateparser
+
+    parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
+    return _utc(parsed) if parsed else None
+
+
+def _bad_time(value: Any) -> str:
+    return f"unparsable timestamp: {str(value)[:60]!r}"
+
+
+def _record(user_id: Any, session_id: str, message_id: str, speaker: str, text: str, ts: datetime,
+            source: str, raw: str) -> dict[str, Any]:
+    return {"user_id": user_id, "session_id": session_id, "message_id": message_id, "speaker": speaker,
+            "text": text, "ts": ts, "source": source, "raw": raw}
+
+
+Reader = Iterator[tuple[str, dict[str, Any]]]  # ("msg" | "bad", row)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IngestError(f"{path.name} is not a JSON archive: {exc}", archive=str(path)) from exc
+
+
+def _read_locomo(path: Path, data: Any) -> Reader:
+    if not isinstance(data, list):
+        raise IngestError(f"{path.name}: a LoCoMo archive is a JSON list of samples", archive=str(path))
+    for i, sample in enumerate(data):
+        conv = sample.get("conversation") if isinstance(sample, dict) else None
+        user = sample.get("sample_id") if isinstance(sample, dict) else None
+        if not isinstance(conv, dict):
+            yield "bad", quarantine_row(user, f"{path.name}:sample {i}", "missing field: conversation", dump_raw(sample))
+            continue
+        numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
+        for n in numbers:
+            sid, turns, when = f"session_{n}", conv[f"session_{n}"], conv.get(f"session_{n}_date_time")
+            ts = _parse_time(when, _LOCOMO_TIME)
+            for j, turn in enumerate(turns if isinstance(turns, list) else []):
+                source, raw = f"{path.name}:{user}/{sid}/{j}", dump_raw(turn)
+                if ts is None:
+                    yield "bad", quarantine_row(user, source, _bad_time(when), raw)
+                    continue
+                if not isinstance(turn, dict):
+                    yield "bad", quarantine_row(user, source, "invalid turn", raw)
+                    continue
+                missing = next((f for f in ("dia_id", "speaker", "text") if not isinstance(turn.get(f), str)),
+                               None)
+                if missing:
+                    yield "bad", quarantine_row(user, source, f"missing field: {missing}", raw)
+                    continue
+                text = turn["text"]
+                if isinstance(turn.get("blip_caption"), str) and turn["blip_caption"].strip():
+                    text = f"{text} [shares an image: {turn['blip_caption'].strip()}]".strip()
+                yield "msg", _record(user, sid, turn["dia_id"], turn["speaker"], text, ts, source, raw)
+
+
+def locomo_observations(path: Path, data: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("obs", {user_id, session_id, subject, content, refs, source, raw}) or ("bad", quarantine row)."""
+    for sample in data:
+        if not isinstance(sample, dict) or not isinstance(sample.get("observation"), dict):
+            continue
+        user = sample.get("sample_id")
+        for key, by_speaker in sample["observation"].items():
+            m = re.fullmatch(r"(session_\d+)_observation", key)
+            for speaker, items in (by_speaker.items() if isinstance(by_speaker, dict) else []):
+                for k, item in enumerate(items if isinstance(items, list) else []):
+                    source, raw = f"{path.name}:{user}/{key}/{speaker}/{k}", dump_raw(item)
+                    ok = (m and isinstance(item, (list, tuple)) and len(item) >= 2
+                          and isinstance(item[0], str) and item[0].strip())
+                    if m is None or not ok:
+                        yield "bad", quarantine_row(user, source, "malformed observation", raw)
+                        continue
+                    refs = item[1] if isinstance(item[1], list) else re.split(r"[,;\s]+", str(item[1]))
+                    yield "obs", {"user_id": user, "session_id": m.group(1), "subject": speaker,
+                                  "content": item[0].strip(), "refs": [str(r) for r in refs if str(r)],
+                                  "source": source, "raw": raw}
+
+
+def _read_longmemeval(path: Path, data: Any) -> Reader:
+    if not isinstance(data, list):
+        raise IngestError(f"{path.name}: a LongMemEval archive is a JSON list of questions", archive=str(path))
+    for i, item in enumerate(data):
+        user = item.get("question_id") if isinstance(item, dict) else None
+        sessions = item.get("haystack_sessions") if isinstance(item, dict) else None
+        if not isinstance(sessions, list):
+            yield "bad", quarantine_row(user, f"{path.name}:item {i}", "missing field: haystack_sessions", dump_raw(item))
+            continue
+        dates = item.get("haystack_dates") or []
+        ids = item.get("haystack_session_ids") or []
+        for s, turns in enumerate(sessions):
+            sid = str(ids[s]) if s < len(ids) else f"session_{s}"
+            when = dates[s] if s < len(dates) else None
+            ts = _parse_time(when, _LONGMEMEVAL_TIME)
+            for t, turn in enumerate(turns if isinstance(turns, list) else []):
+                source, raw = f"{path.name}:{user}/{sid}/{t}", dump_raw(turn)
+                if ts is None:
+                    yield "bad", quarantine_row(user, source, _bad_time(when), raw)
+                    continue
+                missing = next((f for f in ("role", "content")
+                                if not isinstance(turn, dict) or not isinstance(turn.get(f), str)), None)
+                if missing:
+                    yield "bad", quarantine_row(user, source, f"missing field: {missing}", raw)
+                    continue
+                yield "msg", _record(user, sid, f"{sid}:{t}", turn["role"], turn["content"], ts, source, raw)
+
+
+def _from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict[str, Any]]:
+    """Validate one generic (jsonl / parquet) row into a message record or a quarantine row."""
+    user = row.get("user_id")
+    values: dict[str, Any] = {}
+    for name in FIELDS:
+        value = row.get(name)
+        if name == "speaker" and value is None:
+            value = row.get("role")
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return "bad", quarantine_row(user, source, "bad encoding", raw)
+        if name in ("session_id", "message_id") and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if value is None or (name != "text" and isinstance(value, str) and not value.strip()):
+            return "bad", quarantine_row(user, source, f"missing field: {name}", raw)
+        if name != "timestamp" and not isinstance(value, str):
+            return "bad", quarantine_row(user, source, f"invalid field: {name} is {type(value).__name__}", raw)
+        if isinstance(value, str) and _has_surrogate(value):
+            return "bad", quarantine_row(user, source, f"lone surrogate in {name}", raw)
+        values[name] = value
+    ts = _parse_time(values["timestamp"])
+    if ts is None:
+        return "bad", quarantine_row(user, source, _bad_time(values["timestamp"]), raw)
+    return "msg", _record(values["user_id"], values["session_id"], values["message_id"], values["speaker"],
+                          values["text"], ts, source, raw)
+
+
+def _read_jsonl(path: Path) -> Reader:
+    with path.open("rb") as fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            source = f"{path.name}:line {n}"
+            raw = line.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
+            try:
+                text = line.decode("utf-8").lstrip("\ufeff")
+            except UnicodeDecodeError:
+                yield "bad", quarantine_row(None, source, "bad encoding", raw)
+                continue
+            try:
+                row = json.loads(text)
+            except ValueError:
+                yield "bad", quarantine_row(None, source, "invalid json", raw)
+                continue
+            if not isinstance(row, dict):
+                yield "bad", quarantine_row(None, source, "invalid json: not an object", raw)
+                continue
+            yield _from_mapping(row, source, raw)
+
+
+def _read_parquet(path: Path) -> Reader:
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise IngestError(f"{path.name} is not a Parquet file: {exc}", archive=str(path)) from exc
+    names = set(pf.schema_arrow.names)
+    missing = [f for f in FIELDS if f not in names and not (f == "speaker" and "role" in names)]
+    if missing:
+        raise IngestError(f"{path.name} lacks column(s) {', '.join(missing)} (needs {', '.join(FIELDS)})",
+                          archive=str(path), missing=missing)
+    n = 0
+    for batch in pf.iter_batches(batch_size=65536):
+        for row in batch.to_pylist():
+            yield _from_mapping(row, f"{path.name}:row {n}", dump_raw(row))
+            n += 1
+
+
+def read_rows(path: Path, fmt: str, data: Any) -> Reader:
+    """The reader of `fmt` over `path` (`data`: the parsed JSON of a locomo / longmemeval archive)."""
+    readers: dict[str, Callable[[], Reader]] = {
+        "locomo": lambda: _read_locomo(path, data), "longmemeval": lambda: _read_longmemeval(path, data),
+        "jsonl": lambda: _read_jsonl(path), "parquet": lambda: _read_parquet(path),
+    }
+    return readers[fmt]()

@@ -1,0 +1,174 @@
+"""Writing: one parsed batch checked against what the store holds for its users, then upserted.
+
+Stored messages are read per user (tenant-scoped), only those the batch repeats or whose sessions it
+extends: a stored id with other text is quarantined, new messages continue their session's `seq`, and
+only session rows that change are written. Observations and quarantine rows already stored are skipped.
+Every table is written with one upsert, and the run is recorded in `runs`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from lancedb.expr import col
+
+from memory.ids import make_id
+from memory.ingest.common import (OBSERVATIONS_SCHEMA, REUSED_ID, SESSIONS_SCHEMA, TS, ArchiveBatch,
+                                  FrameSchema, quarantine_row)
+from memory.ingest.validate import read_archive, sessions_frame
+from memory.store import Store
+
+__all__ = ["IngestReport", "ingest"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IngestReport:
+    """What one `ingest` call read, added and set aside."""
+
+    archive: str
+    format: str
+    users: list[str]
+    sessions: int
+    messages_read: int
+    messages_added: int
+    observations: int
+    quarantined: int
+    reasons: dict[str, int]
+    seconds: float
+    run_id: str = ""
+
+    def summary(self) -> str:
+        why = "; ".join(f"{r}: {n}" for r, n in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:5])
+        return (f"ingest {self.archive} ({self.format}): {len(self.users)} users, {self.sessions} sessions, "
+                f"{self.messages_read} messages read, {self.messages_added} added, "
+                f"{self.observations} observations, {self.quarantined} quarantined"
+                + (f" ({why})" if why else "") + f"; {self.seconds:.1f}s")
+
+
+def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragments: bool = False,
+           run_id: str | None = None) -> IngestReport:
+    """Read one archive and upsert its new messages, sessions, observations and quarantined rows."""
+    start, started_at = time.perf_counter(), datetime.now(timezone.utc)
+    run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments)
+    users = sorted(set(batch.messages["user_id"].to_list()))
+    quarantine = list(batch.quarantine)
+
+    existing = _existing_messages(store, batch)
+    stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
+    joined = batch.messages.join(stored, on=["user_id", "message_id"], how="left")
+    conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
+    quarantine += [quarantine_row(r["user_id"], r["source"], REUSED_ID, r["raw"]) for r in conflicts.iter_rows(named=True)]
+    new = _continue_seq(joined.filter(pl.col("_stored").is_null()).drop("_old", "_stored"), existing)
+
+    sessions = _changed_sessions(store, batch, new, existing)
+    observations = _new_observations(store, batch.observations)
+    q_rows = _new_quarantine(store, quarantine, run_id)
+
+    written = {
+        "messages": store.upsert("messages", new.drop("source", "raw").to_arrow()) if new.height else 0,
+        "sessions": store.upsert("sessions", sessions.to_arrow()) if sessions.height else 0,
+        "observations": store.upsert("observations", observations.to_arrow()) if observations.height else 0,
+        "quarantine": store.upsert("quarantine", q_rows) if q_rows else 0,
+    }
+    log.info("%s: wrote %s", batch.archive, ", ".join(f"{n} {k}" for k, n in written.items()))
+    reasons: dict[str, int] = {}
+    for q in quarantine:
+        reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
+    report = IngestReport(
+        archive=batch.archive, format=fmt, users=users, sessions=batch.sessions.height,
+        messages_read=batch.messages_read, messages_added=new.height, observations=batch.observations.height,
+        quarantined=len(quarantine), reasons=reasons, seconds=time.perf_counter() - start, run_id=run_id)
+    counts = {"messages_read": report.messages_read, "messages_added": report.messages_added,
+              "sessions": report.sessions, "observations": report.observations,
+              "quarantined": report.quarantined, "reasons": reasons, "written": written,
+              "archive": batch.archive, "format": fmt}
+    store.upsert("runs", [{
+        "id": run_id, "kind": "ingest", "status": "completed", "started_at": started_at,
+        "finished_at": datetime.now(timezone.utc), "users": users,
+        "counts_json": json.dumps(counts, sort_keys=True), "llm_calls": 0, "tokens_in": 0, "tokens_out": 0,
+        "cache_hits": 0, "quarantined": report.quarantined, "seconds": report.seconds,
+    }])
+    if quarantine:
+        log.warning("%s: %d rows quarantined (%s)", batch.archive, len(quarantine),
+                    ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())))
+    log.info(report.summary())
+    return report
+
+
+def _existing_messages(store: Store, batch: ArchiveBatch) -> pl.DataFrame:
+    """The stored messages this batch touches, read one user at a time (tenant-scoped): those whose
+    ids it repeats (to spot a reused id) and those of its sessions (to continue `seq` and recompute
+    the session rows). The rest of a user's history is not read."""
+    cols = ["message_id", "text", "session_id", "seq", "speaker", "ts"]
+    schema: FrameSchema = {"user_id": pl.String, "message_id": pl.String, "text": pl.String, "session_id": pl.String,
+                           "seq": pl.Int32, "speaker": pl.String, "ts": TS}
+    frames = [pl.DataFrame(schema=schema)]
+    if store.has_table("messages"):
+        for (user,), mine in batch.messages.group_by("user_id"):
+            t = store.read("messages", str(user), columns=cols,
+                           where=col("id").isin(mine["id"].to_list())
+                           | col("session_id").isin(mine["session_id"].unique().to_list()))
+            if t.num_rows:
+                df = pl.from_arrow(t)
+                assert isinstance(df, pl.DataFrame)
+                frames.append(df.with_columns(user_id=pl.lit(user)).select(list(schema)).cast(pl.Schema(schema)))
+    return pl.concat(frames)
+
+
+def _continue_seq(new: pl.DataFrame, existing: pl.DataFrame) -> pl.DataFrame:
+    """New messages of a session the store already has go after its stored ones, in their own order."""
+    offset = existing.group_by("user_id", "session_id").agg(_off=pl.col("seq").max() + 1)
+    return (new.join(offset, on=["user_id", "session_id"], how="left")
+            .with_columns(seq=(pl.col("seq").rank("ordinal").over("user_id", "session_id") - 1
+                               + pl.col("_off").fill_null(0)).cast(pl.Int32))
+            .drop("_off"))
+
+
+def _changed_sessions(store: Store, batch: ArchiveBatch, new: pl.DataFrame,
+                      existing: pl.DataFrame) -> pl.DataFrame:
+    """Session rows of the batch recomputed over stored + new messages; only those that differ."""
+    keys = batch.sessions.select("user_id", "session_id")
+    cols = ["user_id", "session_id", "seq", "speaker", "ts"]
+    union = pl.concat([existing.join(keys, on=["user_id", "session_id"], how="semi").select(cols),
+                       new.select(cols)])
+    fresh = sessions_frame(union, pl.DataFrame(schema=OBSERVATIONS_SCHEMA), batch.archive)
+    observed = {(r["user_id"], r["session_id"]) for r in batch.sessions.filter("observed").iter_rows(named=True)}
+    # session ids hash (user, session): reading them by id stays within the batch's users
+    stored = {row["id"]: row for row in
+              store.read_ids("sessions", fresh["id"].to_list(), columns=list(SESSIONS_SCHEMA)).to_pylist()}
+    changed = []
+    for row in fresh.iter_rows(named=True):
+        old = stored.get(row["id"])
+        row["observed"] = (row["user_id"], row["session_id"]) in observed or bool(old and old["observed"])
+        if old:
+            row["archive"] = old["archive"]
+        if old != row:
+            changed.append(row)
+    return pl.DataFrame(changed, schema=SESSIONS_SCHEMA)
+
+
+def _new_observations(store: Store, observations: pl.DataFrame) -> pl.DataFrame:
+    if observations.height == 0 or not store.has_table("observations"):
+        return observations
+    have = store.read_ids("observations", observations["id"].to_list(), columns=["id"]).column("id").to_pylist()
+    return observations.filter(~pl.col("id").is_in(have))
+
+
+def _new_quarantine(store: Store, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """Quarantine rows with their deterministic ids, minus those already set aside by an earlier run."""
+    now = datetime.now(timezone.utc)
+    by_id = {make_id(r["source"], r["reason"], r["raw"]): r for r in rows}
+    if not by_id:
+        return []
+    have = set(store.read_ids("quarantine", list(by_id), columns=["id"]).column("id").to_pylist())
+    return [{**r, "id": qid, "run_id": run_id, "created_at": now} for qid, r in by_id.items() if qid not in have]
