@@ -6,7 +6,8 @@ import re
 
 from memory.errors import InvalidUserIdError
 
-USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+#: a whole user id (used with `fullmatch`: `$` alone would also accept a trailing newline)
+USER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 def make_id(*parts: object) -> str:
@@ -20,6 +21,6 @@ def make_id(*parts: object) -> str:
 
 def validate_user_id(user_id: object) -> str:
     """Return the id unchanged if it is a safe user id, else raise InvalidUserIdError."""
-    if not isinstance(user_id, str) or not USER_ID_PATTERN.match(user_id):
+    if not isinstance(user_id, str) or not USER_ID_PATTERN.fullmatch(user_id):
         raise InvalidUserIdError(user_id)
     return user_id

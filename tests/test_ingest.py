@@ -1,5 +1,6 @@
 """Ingest of LoCoMo, LongMemEval, JSONL and Parquet archives into a real LanceDB store:
-counts, deterministic ids, idempotent re-ingest, quarantine with reasons, tenant scoping."""
+counts, deterministic ids, idempotent re-ingest, quarantine with reasons, tenant scoping, input limits.
+(BEAM: tests/test_beam_ingest.py.)"""
 from __future__ import annotations
 
 import json
@@ -12,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from memory import schemas
-from memory.errors import IngestError
-from memory.ids import make_id
-from memory.ingest import FORMATS, IngestReport, ingest, read_archive
+from memory.errors import IngestError, InvalidUserIdError
+from memory.ids import make_id, validate_user_id
+from memory.ingest import FORMATS, MAX_ID_CHARS, MAX_TEXT_CHARS, IngestReport, ingest, read_archive
+from memory.ingest.readers import NOT_A_LIST
 from memory.store import Store
 from tests.helpers import LOCOMO, SAMPLE, unique_ids
 
@@ -357,3 +359,81 @@ def test_rows_match_schemas(tmp_path: Path, store: Store) -> None:
     run = store.read("runs").to_pylist()[0]
     assert run["id"] == "ingest-test" and run["kind"] == "ingest" and run["users"] == ["alice", "bob"]
     assert json.loads(run["counts_json"])["messages_added"] == batch.messages.height
+
+
+# -- input limits and shapes (issue 16) ---------------------------------------------------------
+@pytest.mark.parametrize("bad", ["alice\n", "alice\r\n", "\nalice", "alice\x00", "", "-alice", "a" * 129])
+def test_user_id_must_match_whole(bad: str) -> None:
+    with pytest.raises(InvalidUserIdError):
+        validate_user_id(bad)
+    assert validate_user_id("alice") == "alice" and validate_user_id("a" * 128) == "a" * 128
+
+
+def test_user_id_with_trailing_newline_is_quarantined_not_a_new_user(tmp_path: Path, store: Store) -> None:
+    path = _write_jsonl(tmp_path / "nl.jsonl", [_row(mid="m1"), _row(user="alice\n", mid="m2", text="other")])
+    report = ingest(store, path, "jsonl")
+    assert report.users == ["alice"] and report.messages_added == 1
+    assert report.reasons == {"invalid user_id": 1}
+    row = _quarantine(store)["invalid user_id"]
+    assert row["user_id"] is None and json.loads(row["raw"])["user_id"] == "alice\n"
+    assert store.users() == ["alice"]
+    assert [r["message_id"] for r in store.read("messages", "alice").to_pylist()] == ["m1"]
+
+
+def test_a_session_that_is_not_a_list_is_quarantined(tmp_path: Path, store: Store) -> None:
+    locomo = [{"sample_id": "conv-y", "conversation": {
+        "session_1_date_time": "10:37 am on 27 June, 2023",
+        "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "Hello"}],
+        "session_2_date_time": "10:37 am on 28 June, 2023",
+        "session_2": {"speaker": "Ann", "dia_id": "D2:1", "text": "not in a list"}}}]
+    path = tmp_path / "loco.json"
+    path.write_text(json.dumps(locomo))
+    report = ingest(store, path, "locomo")
+    assert report.messages_added == 1 and report.reasons == {NOT_A_LIST: 1}
+    row = _quarantine(store)[NOT_A_LIST]
+    assert row["user_id"] == "conv-y" and row["source"] == "loco.json:conv-y/session_2"
+    assert json.loads(row["raw"])["text"] == "not in a list"
+
+    lme = [{"question_id": "q9", "haystack_session_ids": ["a", "b"],
+            "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/21 (Sun) 02:21"],
+            "haystack_sessions": [[{"role": "user", "content": "hi"}], "a string, not a list"]}]
+    path = tmp_path / "lme.json"
+    path.write_text(json.dumps(lme))
+    batch = read_archive(path, "longmemeval")
+    assert batch.messages.height == 1
+    assert [(q["reason"], q["source"], q["user_id"]) for q in batch.quarantine] == [(NOT_A_LIST, "lme.json:q9/b", "q9")]
+
+
+def test_length_limits_and_nul_are_quarantined(tmp_path: Path, store: Store) -> None:
+    longest = "x" * MAX_TEXT_CHARS
+    rows: list[dict[str, Any] | bytes] = [
+        _row(mid="ok", text=longest), _row(session="s" * MAX_ID_CHARS, mid="m" * MAX_ID_CHARS),
+        _row(mid="long-text", text=longest + "x"),
+        _row(session="s" * (MAX_ID_CHARS + 1), mid="long-session"),
+        _row(mid="m" * (MAX_ID_CHARS + 1)),
+        _row(mid="nul", text="before\x00after"),
+        _row(mid="nul-id\x00"),
+    ]
+    report = ingest(store, _write_jsonl(tmp_path / "limits.jsonl", rows), "jsonl")
+    assert report.messages_added == 2
+    assert report.reasons == {f"text longer than {MAX_TEXT_CHARS} characters": 1,
+                              f"session_id longer than {MAX_ID_CHARS} characters": 1,
+                              f"message_id longer than {MAX_ID_CHARS} characters": 1,
+                              "NUL character in text": 1, "NUL character in message_id": 1}
+    assert all(q["user_id"] == "alice" for q in _quarantine(store).values())
+    kept = {r["message_id"]: r for r in store.read("messages", "alice").to_pylist()}
+    assert set(kept) == {"ok", "m" * MAX_ID_CHARS} and kept["ok"]["text"] == longest
+
+
+def test_a_directory_is_reported_as_a_directory(tmp_path: Path, store: Store) -> None:
+    folder = tmp_path / "archive.jsonl"
+    folder.mkdir()
+    for fmt in ("jsonl", "parquet", "locomo", "longmemeval"):
+        with pytest.raises(IngestError, match="is a directory") as err:
+            ingest(store, folder, fmt)
+        assert "not found" not in str(err.value) and fmt in str(err.value)
+    with pytest.raises(IngestError, match="not found"):
+        ingest(store, tmp_path / "missing", "beam")
+    with pytest.raises(IngestError, match="format beam only"):
+        ingest(store, _write_jsonl(tmp_path / "x.jsonl", [_row()]), "jsonl", user_id="alice")
+    assert not store.has_table("messages")

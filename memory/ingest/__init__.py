@@ -1,23 +1,24 @@
-"""Ingest: conversation archives (LoCoMo, LongMemEval, generic JSONL / Parquet) into the store.
+"""Ingest: conversation archives (LoCoMo, LongMemEval, BEAM, generic JSONL / Parquet) into the store.
 
 `read_archive` is pure: it parses one archive into Polars frames of `messages`, `sessions` and
 (LoCoMo, on request) `observations`, plus the rows it set aside, each with a reason and its raw text.
 `ingest` checks that batch against what the store already holds for each user (scoped reads), then
 writes every table with one upsert. Ids are deterministic, so ingesting a file twice adds nothing.
 
-Split at its seams: `readers.py` (one reader per format), `validate.py` (batch validation into
-frames: `read_archive`), `write.py` (`ingest`: the store-side checks and the upserts), `common.py`
-(formats, frame schemas, quarantine rows).
+Split at its seams: `readers.py` (one reader per format), `beam.py` (the BEAM reader and its time
+rule), `validate.py` (batch validation into frames: `read_archive`), `write.py` (`ingest`: the
+store-side checks and the upserts), `common.py` (formats, frame schemas, length limits, quarantine rows).
 
-Bad rows never stop an ingest; they go to `quarantine`. Only an archive that cannot be read at all
-(missing file, unknown format, not JSON where JSON is required) raises `IngestError`.
+Bad rows never stop an ingest; they go to `quarantine` with their reason. Only an archive that cannot be
+read at all (missing file, a directory where the format reads one file, unknown format, not JSON where
+JSON is required) raises `IngestError`.
 """
 from __future__ import annotations
 
-from memory.ingest.common import FIELDS, FORMATS, REUSED_ID, STAGE, ArchiveBatch
+from memory.ingest.common import FIELDS, FORMATS, MAX_ID_CHARS, MAX_TEXT_CHARS, REUSED_ID, STAGE, ArchiveBatch
 from memory.ingest.readers import Reader
 from memory.ingest.validate import read_archive
 from memory.ingest.write import IngestReport, ingest
 
 __all__ = ["ingest", "IngestReport", "FORMATS", "read_archive", "ArchiveBatch", "Reader", "FIELDS", "REUSED_ID",
-           "STAGE"]
+           "STAGE", "MAX_TEXT_CHARS", "MAX_ID_CHARS"]

@@ -3,21 +3,31 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Iterator
 
 import polars as pl
 
 from memory.errors import InvalidUserIdError
 from memory.ids import validate_user_id
 
-__all__ = ["FORMATS", "STAGE", "REUSED_ID", "FIELDS", "TS", "MESSAGES_SCHEMA", "SESSIONS_SCHEMA",
-           "OBSERVATIONS_SCHEMA", "FrameSchema", "ArchiveBatch", "quarantine_row", "valid_user", "dump_raw"]
+__all__ = ["FORMATS", "FOLDER_FORMATS", "STAGE", "REUSED_ID", "FIELDS", "MAX_TEXT_CHARS", "MAX_ID_CHARS", "TS",
+           "MESSAGES_SCHEMA", "SESSIONS_SCHEMA", "OBSERVATIONS_SCHEMA", "FrameSchema", "ArchiveBatch", "Reader",
+           "quarantine_row", "valid_user", "dump_raw", "has_surrogate", "row_problem", "parse_time", "bad_time",
+           "record"]
 
-FORMATS = ("locomo", "longmemeval", "jsonl", "parquet")
+FORMATS = ("locomo", "longmemeval", "jsonl", "parquet", "beam")
+#: formats whose PATH may also be a folder (the others read one file)
+FOLDER_FORMATS = ("beam",)
 STAGE = "ingest"
 REUSED_ID = "reused message id with other text"
 #: fields of one jsonl line / parquet row; `speaker` may be given as `role`
 FIELDS = ("user_id", "session_id", "message_id", "speaker", "text", "timestamp")
+#: longest message text kept (characters); longer messages are quarantined. Generous on purpose: the
+#: longest BEAM development message is about 350,000 characters.
+MAX_TEXT_CHARS = 1_000_000
+#: longest session id, message id and speaker kept (characters)
+MAX_ID_CHARS = 256
 
 TS = pl.Datetime("us", "UTC")
 #: a frame schema: column name -> Polars dtype (a dtype class such as pl.String, or an instance)
@@ -30,6 +40,9 @@ SESSIONS_SCHEMA: FrameSchema = {"id": pl.String, "user_id": pl.String, "session_
              "observed": pl.Boolean}
 OBSERVATIONS_SCHEMA: FrameSchema = {"id": pl.String, "user_id": pl.String, "session_id": pl.String, "subject": pl.String,
                  "content": pl.String, "source_ids": pl.List(pl.String), "archive": pl.String}
+
+
+Reader = Iterator[tuple[str, dict[str, Any]]]  # ("msg" | "bad", row)
 
 
 @dataclass
@@ -68,3 +81,63 @@ def dump_raw(obj: Any) -> str:
         return text
     except UnicodeEncodeError:
         return json.dumps(obj, ensure_ascii=True, default=str)
+
+
+def has_surrogate(text: str) -> bool:
+    """Does `text` hold a lone surrogate (not encodable as UTF-8)?"""
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why a message record (any format) cannot be kept: a field over its length limit
+    (:data:`MAX_TEXT_CHARS`, :data:`MAX_ID_CHARS`), a NUL character or a lone surrogate; None if fine."""
+    limits = (("session_id", MAX_ID_CHARS), ("message_id", MAX_ID_CHARS), ("speaker", MAX_ID_CHARS),
+              ("text", MAX_TEXT_CHARS))
+    for name, limit in limits:
+        value = row[name]
+        if len(value) > limit:
+            return f"{name} longer than {limit} characters"
+        if "\x00" in value:
+            return f"NUL character in {name}"
+        if has_surrogate(value):
+            return f"lone surrogate in {name}"
+    return None
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
+    """ISO 8601 (or `fmt`, then dateparser as a fallback) to an aware UTC datetime; None if unparsable."""
+    if isinstance(value, datetime):
+        return _utc(value)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return _utc(datetime.strptime(text, fmt) if fmt else datetime.fromisoformat(text))
+    except ValueError:
+        pass
+    if fmt is None:
+        return None  # generic archives promise ISO 8601: do not guess
+    import dateparser
+
+    parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
+    return _utc(parsed) if parsed else None
+
+
+def bad_time(value: Any) -> str:
+    """The quarantine reason for a timestamp that does not parse."""
+    return f"unparsable timestamp: {str(value)[:60]!r}"
+
+
+def record(user_id: Any, session_id: str, message_id: str, speaker: str, text: str, ts: datetime,
+           source: str, raw: str) -> dict[str, Any]:
+    """One message record as every reader yields it."""
+    return {"user_id": user_id, "session_id": session_id, "message_id": message_id, "speaker": speaker,
+            "text": text, "ts": ts, "source": source, "raw": raw}

@@ -2,69 +2,29 @@
 
 `locomo` and `longmemeval` are JSON files read whole (:func:`read_json`); `jsonl` and `parquet` are
 streamed, one row at a time, each row checked for the generic fields (:data:`FIELDS`). LoCoMo's
-observations are read separately (:func:`locomo_observations`), only when asked for.
+observations are read separately (:func:`locomo_observations`), only when asked for. BEAM chats
+(one `chat.json` or a folder of them) are read by :mod:`memory.ingest.beam`.
 """
 from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pyarrow.parquet as pq
 
 from memory.errors import IngestError
-from memory.ingest.common import FIELDS, dump_raw, quarantine_row
+from memory.ingest.beam import read_beam
+from memory.ingest.common import (FIELDS, Reader, bad_time, dump_raw, has_surrogate, parse_time,
+                                  quarantine_row, record)
 
-__all__ = ["Reader", "read_json", "read_rows", "locomo_observations"]
+__all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations"]
 
 _LOCOMO_TIME = "%I:%M %p on %d %B, %Y"          # "1:56 pm on 8 May, 2023"
 _LONGMEMEVAL_TIME = "%Y/%m/%d (%a) %H:%M"        # "2023/05/20 (Sat) 02:21"
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
-
-
-def _utc(dt: datetime) -> datetime:
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _parse_time(value: Any, fmt: str | None = None) -> datetime | None:
-    """ISO 8601 (or `fmt`, then dateparser as a fallback) to an aware UTC datetime; None if unparsable."""
-    if isinstance(value, datetime):
-        return _utc(value)
-    if not isinstance(value, str) or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        return _utc(datetime.strptime(text, fmt) if fmt else datetime.fromisoformat(text))
-    except ValueError:
-        pass
-    if fmt is None:
-        return None  # generic archives promise ISO 8601: do not guess
-    import dateparser
-
-    parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
-    return _utc(parsed) if parsed else None
-
-
-def _bad_time(value: Any) -> str:
-    return f"unparsable timestamp: {str(value)[:60]!r}"
-
-
-def _record(user_id: Any, session_id: str, message_id: str, speaker: str, text: str, ts: datetime,
-            source: str, raw: str) -> dict[str, Any]:
-    return {"user_id": user_id, "session_id": session_id, "message_id": message_id, "speaker": speaker,
-            "text": text, "ts": ts, "source": source, "raw": raw}
-
-
-Reader = Iterator[tuple[str, dict[str, Any]]]  # ("msg" | "bad", row)
+#: the quarantine reason of a LoCoMo / LongMemEval session that is not a list of turns (kept whole)
+NOT_A_LIST = "invalid session: not a list of turns"
 
 
 def read_json(path: Path) -> Any:
@@ -86,11 +46,14 @@ def _read_locomo(path: Path, data: Any) -> Reader:
         numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
         for n in numbers:
             sid, turns, when = f"session_{n}", conv[f"session_{n}"], conv.get(f"session_{n}_date_time")
-            ts = _parse_time(when, _LOCOMO_TIME)
-            for j, turn in enumerate(turns if isinstance(turns, list) else []):
+            ts = parse_time(when, _LOCOMO_TIME)
+            if not isinstance(turns, list):
+                yield "bad", quarantine_row(user, f"{path.name}:{user}/{sid}", NOT_A_LIST, dump_raw(turns))
+                continue
+            for j, turn in enumerate(turns):
                 source, raw = f"{path.name}:{user}/{sid}/{j}", dump_raw(turn)
                 if ts is None:
-                    yield "bad", quarantine_row(user, source, _bad_time(when), raw)
+                    yield "bad", quarantine_row(user, source, bad_time(when), raw)
                     continue
                 if not isinstance(turn, dict):
                     yield "bad", quarantine_row(user, source, "invalid turn", raw)
@@ -103,7 +66,7 @@ def _read_locomo(path: Path, data: Any) -> Reader:
                 text = turn["text"]
                 if isinstance(turn.get("blip_caption"), str) and turn["blip_caption"].strip():
                     text = f"{text} [shares an image: {turn['blip_caption'].strip()}]".strip()
-                yield "msg", _record(user, sid, turn["dia_id"], turn["speaker"], text, ts, source, raw)
+                yield "msg", record(user, sid, turn["dia_id"], turn["speaker"], text, ts, source, raw)
 
 
 def locomo_observations(path: Path, data: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -142,18 +105,21 @@ def _read_longmemeval(path: Path, data: Any) -> Reader:
         for s, turns in enumerate(sessions):
             sid = str(ids[s]) if s < len(ids) else f"session_{s}"
             when = dates[s] if s < len(dates) else None
-            ts = _parse_time(when, _LONGMEMEVAL_TIME)
-            for t, turn in enumerate(turns if isinstance(turns, list) else []):
+            ts = parse_time(when, _LONGMEMEVAL_TIME)
+            if not isinstance(turns, list):
+                yield "bad", quarantine_row(user, f"{path.name}:{user}/{sid}", NOT_A_LIST, dump_raw(turns))
+                continue
+            for t, turn in enumerate(turns):
                 source, raw = f"{path.name}:{user}/{sid}/{t}", dump_raw(turn)
                 if ts is None:
-                    yield "bad", quarantine_row(user, source, _bad_time(when), raw)
+                    yield "bad", quarantine_row(user, source, bad_time(when), raw)
                     continue
                 missing = next((f for f in ("role", "content")
                                 if not isinstance(turn, dict) or not isinstance(turn.get(f), str)), None)
                 if missing:
                     yield "bad", quarantine_row(user, source, f"missing field: {missing}", raw)
                     continue
-                yield "msg", _record(user, sid, f"{sid}:{t}", turn["role"], turn["content"], ts, source, raw)
+                yield "msg", record(user, sid, f"{sid}:{t}", turn["role"], turn["content"], ts, source, raw)
 
 
 def _from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict[str, Any]]:
@@ -175,13 +141,13 @@ def _from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict
             return "bad", quarantine_row(user, source, f"missing field: {name}", raw)
         if name != "timestamp" and not isinstance(value, str):
             return "bad", quarantine_row(user, source, f"invalid field: {name} is {type(value).__name__}", raw)
-        if isinstance(value, str) and _has_surrogate(value):
+        if isinstance(value, str) and has_surrogate(value):
             return "bad", quarantine_row(user, source, f"lone surrogate in {name}", raw)
         values[name] = value
-    ts = _parse_time(values["timestamp"])
+    ts = parse_time(values["timestamp"])
     if ts is None:
-        return "bad", quarantine_row(user, source, _bad_time(values["timestamp"]), raw)
-    return "msg", _record(values["user_id"], values["session_id"], values["message_id"], values["speaker"],
+        return "bad", quarantine_row(user, source, bad_time(values["timestamp"]), raw)
+    return "msg", record(values["user_id"], values["session_id"], values["message_id"], values["speaker"],
                           values["text"], ts, source, raw)
 
 
@@ -225,10 +191,12 @@ def _read_parquet(path: Path) -> Reader:
             n += 1
 
 
-def read_rows(path: Path, fmt: str, data: Any) -> Reader:
-    """The reader of `fmt` over `path` (`data`: the parsed JSON of a locomo / longmemeval archive)."""
+def read_rows(path: Path, fmt: str, data: Any, user_id: str | None = None) -> Reader:
+    """The reader of `fmt` over `path` (`data`: the parsed JSON of a locomo / longmemeval archive;
+    `user_id`: the user of a BEAM chat instead of the one its folders name)."""
     readers: dict[str, Callable[[], Reader]] = {
         "locomo": lambda: _read_locomo(path, data), "longmemeval": lambda: _read_longmemeval(path, data),
         "jsonl": lambda: _read_jsonl(path), "parquet": lambda: _read_parquet(path),
+        "beam": lambda: read_beam(path, user_id),
     }
     return readers[fmt]()

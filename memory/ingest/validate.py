@@ -1,7 +1,8 @@
 """Batch validation: one archive's rows checked as a batch and shaped into frames (no store).
 
-A row is set aside (with its reason) when its reader rejected it, its user id is invalid, or it
-reuses a message id of the same file with other text; an observation when it cites no message of its
+A row is set aside (with its reason) when its reader rejected it, its user id is invalid, a field is
+over its length limit or holds a NUL or a lone surrogate (:func:`memory.ingest.common.row_problem`), or
+it reuses a message id of the same file with other text; an observation when it cites no message of its
 session. What is kept becomes the `messages`, `sessions` and `observations` frames of an ArchiveBatch.
 """
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any, Iterator
 import polars as pl
 
 from memory.errors import IngestError
-from memory.ids import make_id
-from memory.ingest.common import (FORMATS, MESSAGES_SCHEMA, OBSERVATIONS_SCHEMA, REUSED_ID, SESSIONS_SCHEMA,
-                                  ArchiveBatch, quarantine_row, valid_user)
+from memory.ids import make_id, validate_user_id
+from memory.ingest.common import (FOLDER_FORMATS, FORMATS, MESSAGES_SCHEMA, OBSERVATIONS_SCHEMA, REUSED_ID,
+                                  SESSIONS_SCHEMA, ArchiveBatch, quarantine_row, row_problem, valid_user)
 from memory.ingest.readers import locomo_observations, read_json, read_rows
 
 __all__ = ["read_archive", "sessions_frame"]
@@ -23,24 +24,38 @@ __all__ = ["read_archive", "sessions_frame"]
 log = logging.getLogger(__name__)
 
 
-def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool = False) -> ArchiveBatch:
-    """Parse one archive into message, session and observation frames plus quarantined rows (no store)."""
+def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool = False,
+                 user_id: str | None = None) -> ArchiveBatch:
+    """Parse one archive into message, session and observation frames plus quarantined rows (no store).
+
+    `user_id` (format `beam` only, one chat) files the chat under that user instead of the one its
+    folders name."""
     path = Path(path)
     if fmt not in FORMATS:
         raise IngestError(f"unknown archive format {fmt!r} (known: {', '.join(FORMATS)})", format=fmt,
                           known=list(FORMATS))
-    if not path.is_file():
+    if user_id is not None:
+        if fmt != "beam":
+            raise IngestError(f"a user id can be given for format beam only, not {fmt}", format=fmt)
+        validate_user_id(user_id)
+    if path.is_dir() and fmt not in FOLDER_FORMATS:
+        raise IngestError(f"{path} is a directory: format {fmt} reads one file", archive=str(path), format=fmt)
+    if not path.exists():
         raise IngestError(f"archive not found: {path}", archive=str(path))
+    if not (path.is_file() or path.is_dir()):
+        raise IngestError(f"{path} is not a regular file", archive=str(path))
     data = read_json(path) if fmt in ("locomo", "longmemeval") else None
     records, quarantine = [], []
     seen: dict[tuple[str, str], str] = {}
     read = 0
-    for kind, row in read_rows(path, fmt, data):
+    for kind, row in read_rows(path, fmt, data, user_id):
         read += 1
         if kind == "bad":
             quarantine.append(row)
         elif not valid_user(row["user_id"]):
             quarantine.append(quarantine_row(None, row["source"], "invalid user_id", row["raw"]))
+        elif problem := row_problem(row):
+            quarantine.append(quarantine_row(row["user_id"], row["source"], problem, row["raw"]))
         elif (key := (row["user_id"], row["message_id"])) in seen:
             if seen[key] != row["text"]:
                 quarantine.append(quarantine_row(row["user_id"], row["source"], REUSED_ID, row["raw"]))

@@ -55,11 +55,14 @@ class IngestReport:
 
 
 def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragments: bool = False,
-           run_id: str | None = None) -> IngestReport:
-    """Read one archive and upsert its new messages, sessions, observations and quarantined rows."""
+           run_id: str | None = None, user_id: str | None = None) -> IngestReport:
+    """Read one archive and upsert its new messages, sessions, observations and quarantined rows.
+
+    `user_id` (format `beam` only, one chat) files the chat under that user instead of the one its
+    folders name."""
     start, started_at = time.perf_counter(), datetime.now(timezone.utc)
     run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments)
+    batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments, user_id=user_id)
     users = sorted(set(batch.messages["user_id"].to_list()))
     quarantine = list(batch.quarantine)
 
