@@ -17,10 +17,9 @@ from typing import Any
 
 import polars as pl
 
+from memory.read import load_graph, read_profile
 from memory.schemas import MEMORY_TABLES
 from memory.store import Store
-from memory.summarize import read_profile
-from memory.weave import load_graph
 
 LANES = 10
 
@@ -30,8 +29,9 @@ def graph_data(store: Store, user: str) -> dict[str, Any]:
     nodes, edges = load_graph(store, user)
     texts: dict[str, dict[str, Any]] = {}
     for kind in ("fragment", "insight"):
-        t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=["id", "text", "date", "source_ids"]))
-        for r in t.iter_rows(named=True):
+        df = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=["id", "text", "date", "source_ids"]))
+        assert isinstance(df, pl.DataFrame)
+        for r in df.iter_rows(named=True):
             texts[r["id"]] = {"text": r["text"] or "", "date": r["date"] or "", "sources": list(r["source_ids"] or [])}
     clusters: dict[str, int] = {}
     out_nodes = []

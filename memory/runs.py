@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from memory.embed import embedder_for
 from memory.ids import validate_user_id
-from memory.pipeline import ShardState, embedder_for, run_shard
+from memory.pipeline import run_shard
+from memory.resources import backend_for
 from memory.settings import Settings
+from memory.stages.shard import ShardState
 from memory.store import Store
 
 log = logging.getLogger(__name__)
@@ -59,8 +62,8 @@ class RunReport:
             self.counts[k] = self.counts.get(k, 0) + v
         for k, v in state.llm.items():
             self.llm[k] = self.llm.get(k, 0) + v
-        for k, v in state.timings.items():
-            self.timings[k] = self.timings.get(k, 0.0) + v
+        for k, seconds in state.timings.items():
+            self.timings[k] = self.timings.get(k, 0.0) + seconds
 
     def summary(self) -> str:
         c, llm = self.counts, self.llm
@@ -85,8 +88,7 @@ class RunReport:
 
 
 def new_report(kind: str, settings: Settings, run_id: str | None = None) -> RunReport:
-    from memory.pipeline import backend_for
-
+    """An empty report of a new run, naming the run's LLM backend and model."""
     backend = backend_for(settings)
     return RunReport(run_id=run_id or new_run_id(kind), kind=kind, backend=backend.name, model=backend.model)
 
@@ -113,13 +115,3 @@ def consolidate(
     store.upsert("runs", [report.runs_row()])
     log.info(report.summary())
     return report
-
-
-def stats(store: Store) -> dict[str, dict[str, dict[str, int]]]:
-    """Counts per user per memory kind (nothing time-dependent), as `mnemo stats --json` prints."""
-    tables = {"messages": "messages", "sessions": "sessions", "fragments": "fragments",
-              "insights": "insights", "clusters": "clusters", "links": "links", "summaries": "summaries",
-              "topics": "topics", "graph_nodes": "graph_nodes", "graph_edges": "graph_edges"}
-    counts = {name: store.count_by_user(table) for name, table in tables.items()}
-    users = sorted(set().union(*[set(c) for c in counts.values()]))
-    return {"users": {u: {name: counts[name].get(u, 0) for name in tables} for u in users}}

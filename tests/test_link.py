@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from memory.link import choose_labels, cluster_session, link_session
+from memory.stages.link import choose_labels, cluster_session, link_session
 
 
 def _blobs(centers: list[np.ndarray], per: int, noise: float, seed: int) -> np.ndarray:

@@ -5,15 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pickle
+
 import numpy as np
 import pytest
 
-from memory import pipeline
+from memory.errors import ConfigError
 from memory.ingest import ingest
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
-from memory.runs import consolidate, open_store, stats
+from memory.read import stats
+from memory.runs import RunReport, consolidate, open_store
 from memory.settings import Settings
-from memory.runs import RunReport
+from memory.stages import STAGES, stage
+from memory.stages.commit import commit
+from memory.stages.embed import embed, embed_insights
+from memory.stages.extract import extract
+from memory.stages.link import link
+from memory.stages.load import load_shard
+from memory.stages.reason import reason
+from memory.stages.shard import StageContext
 from memory.store import Store
 from tests.helpers import SAMPLE, SampleSplit, copy_store, killed_before, snapshot
 
@@ -40,34 +50,46 @@ def test_stages_run_alone(tmp_path: Path) -> None:
     store = open_store(settings)
     ingest(store, SAMPLE, "jsonl")
     users = store.users()
-    state = pipeline.load_shard(store, users, "run-test")
+    state = load_shard(store, users, "run-test")
     assert state.sessions and all(s.messages for s in state.sessions)
+    ctx = StageContext.create(store, settings, "run-test")
 
-    state = pipeline.extract(state, store, settings)
+    state = extract(state, ctx)
     assert state.fragments
     msg_ids = {(m["user_id"], m["message_id"]) for m in state.message_rows}
     for f in state.fragments:
         assert f["category"] in ("factual", "experiential", "subjective")
         assert f["source_ids"] and all((f["user_id"], sid) in msg_ids for sid in f["source_ids"])
 
-    state = pipeline.embed(state, store, settings)
+    state = embed(state, ctx)
     vecs = np.stack([f["vector"] for f in state.fragments])
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
 
-    state = pipeline.link(state, store, settings)
+    state = link(state, ctx)
     assert state.clusters and all(f.get("cluster_id") for f in state.fragments)
     assert all(lk.similarity > settings.theta for lk in state.links)
 
-    state = pipeline.reason(state, store, settings)
-    state = pipeline.embed_insights(state, store, settings)
+    state = reason(state, ctx)
+    state = embed_insights(state, ctx)
+    assert state.insights
     for row in state.insights:
         assert row["inference_type"] in ("extension", "accumulation", "specification", "transformation", "connection")
         assert row["source_ids"] and len(row["vector"]) == 384
 
     assert store.count_by_user("fragments") == {}  # nothing written before commit
-    written = pipeline.commit(store, state)
+    assert pickle.loads(pickle.dumps(state)).counts() == state.counts()  # Dask moves it between workers
+    written = commit(store, state)
     assert written["fragments"] == len(state.fragments)
     assert store.read("watermarks").num_rows == len(users)
+
+
+def test_stage_registry() -> None:
+    assert [s.name for s in STAGES] == ["extract", "embed", "link", "reason", "embed-insights", "weave",
+                                        "summarize", "topics"]
+    assert [s.name for s in STAGES if s.retryable] == ["extract", "reason", "summarize", "topics"]
+    assert stage("weave") is STAGES[5]
+    with pytest.raises(ConfigError, match="unknown stage"):
+        stage("nope")
 
 
 def test_consolidation_makes_memory(consolidated: tuple[Settings, Store, Any]) -> None:
@@ -140,9 +162,14 @@ def test_malformed_answers_are_quarantined_and_run_goes_on(tmp_path: Path) -> No
 
 def test_rows_stay_with_their_user(consolidated: tuple[Settings, Store, Any]) -> None:
     _, store, _ = consolidated
-    for user in store.users():
+    users = store.users()
+    assert users == ["alice", "bob"]
+    checked = {"fragments": 0, "insights": 0}
+    for user in users:
         own = set(store.read("messages", user, columns=["message_id"]).column("message_id").to_pylist())
-        for name in ("fragments", "insights"):
+        for name in checked:
             rows = store.read(name, user, columns=["user_id", "source_ids"]).to_pylist()
             assert all(r["user_id"] == user for r in rows)
             assert all(set(r["source_ids"]) <= own for r in rows)
+            checked[name] += len(rows)
+    assert all(checked.values()), checked

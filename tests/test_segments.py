@@ -6,7 +6,7 @@ import numpy as np
 
 from memory.llm.rules import topic_segments
 from memory.segments import breakpoints
-from memory.summarize import segment
+from memory.stages.summarize import segment
 
 SIMS = [0.9, 0.9, 0.2, 0.9, 0.9, 0.9, 0.1, 0.9, 0.9, 0.3, 0.25, 0.9]
 

@@ -1,4 +1,4 @@
-"""MemWeaver cognitive memory (memory/summarize.py): segmentation at semantic breakpoints within size
+"""MemWeaver cognitive memory (memory/stages/summarize.py): segmentation at semantic breakpoints within size
 bounds, Table 4/5 prompts, extractive `rules` summaries, phase and profile rows with provenance,
 incremental re-synthesis, retrieval of summaries, the profile first in the context, `mnemo profile`."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from memory import prompts
 from memory.llm.rules import TASKS
+from memory.read import PROFILE_KEY, read_profile
+from memory.stages.summarize import MAX_PHASE, MIN_PHASE, segment
 from memory.store import Store
-from memory.summarize import MAX_PHASE, MIN_PHASE, PROFILE_KEY, read_profile, segment
 from tests.helpers import SampleSplit, copy_store
 
 
@@ -123,6 +124,7 @@ def test_summaries_are_retrievable_and_profile_leads_the_context(stores: tuple[S
     ctx = res.context()
     assert ctx.startswith("User profile (")
     prof, _ = read_profile(one, user)
+    assert prof is not None
     assert prof["content"].splitlines()[0] in ctx
 
 

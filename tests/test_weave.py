@@ -1,4 +1,4 @@
-"""MemWeaver graph (memory/weave.py): K rule, one node per memory, a temporal chain, incremental
+"""MemWeaver graph (memory/stages/weave.py): K rule, one node per memory, a temporal chain, incremental
 batches linked and clustered on their own, rebuild equal to one batch, crash recovery, upgrade."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
-from memory.weave import K_DEFAULT, choose_k
+from memory.stages.weave import K_DEFAULT, choose_k
 from tests.helpers import SampleSplit, copy_store, crash_before_watermarks
 
 
@@ -25,7 +25,7 @@ def graph(store: Store) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory, module_sample_store: Store,
-           split_sample_stores: SampleSplit) -> dict[str, Store]:
+           split_sample_stores: SampleSplit) -> dict[str, Any]:
     """one: the sample in one batch; two: in two (split_sample); first: two's graph after batch 1;
     rebuilt: two with its graph rebuilt. Copies of the session's stores: tests must not write them."""
     tmp = tmp_path_factory.mktemp("weave")
@@ -36,7 +36,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory, module_sample_store: Store,
     reb_s = Settings(store=str(tmp / "rebuilt"), rebuild_graph=True)
     rebuilt = open_store(reb_s)
     consolidate(rebuilt, reb_s)
-    return {"one": one, "two": two, "rebuilt": rebuilt, "first": first}  # type: ignore[dict-item]
+    return {"one": one, "two": two, "rebuilt": rebuilt, "first": first}
 
 
 def test_k_rule() -> None:
@@ -46,7 +46,7 @@ def test_k_rule() -> None:
     assert choose_k(1000) == 10         # very many: at most 100 nodes per cluster
 
 
-def test_one_node_per_memory_and_a_chain(stores: dict[str, Store]) -> None:
+def test_one_node_per_memory_and_a_chain(stores: dict[str, Any]) -> None:
     store = stores["one"]
     g = graph(store)
     for user in store.users():
@@ -63,7 +63,7 @@ def test_one_node_per_memory_and_a_chain(stores: dict[str, Store]) -> None:
     assert all(-1.0 <= n["centroid_sim"] <= 1.0001 and n["cluster_size"] >= 1 for n in nodes)
 
 
-def test_incremental_batch_is_linked_and_clustered_alone(stores: dict[str, Store]) -> None:
+def test_incremental_batch_is_linked_and_clustered_alone(stores: dict[str, Any]) -> None:
     one, two, first = graph(stores["one"]), graph(stores["two"]), stores["first"]
     assert set(one["nodes"]) == set(two["nodes"])       # same nodes
     assert one["edges"] == two["edges"]                 # same chain: batch 2 starts after batch 1's last node
@@ -73,7 +73,7 @@ def test_incremental_batch_is_linked_and_clustered_alone(stores: dict[str, Store
     assert new and not ({c for _, c in new.values()} & {c for _, c in first["nodes"].values()})
 
 
-def test_rebuild_equals_one_batch(stores: dict[str, Store]) -> None:
+def test_rebuild_equals_one_batch(stores: dict[str, Any]) -> None:
     assert graph(stores["rebuilt"]) == graph(stores["one"])
     assert stores["rebuilt"].read("graph_nodes").num_rows == stores["one"].read("graph_nodes").num_rows
 
@@ -84,14 +84,14 @@ def test_rerun_changes_nothing(sample_store: Store) -> None:
     assert graph(sample_store) == before
 
 
-def test_crash_before_watermarks_then_rerun(stores: dict[str, Store], split_sample_stores: SampleSplit,
+def test_crash_before_watermarks_then_rerun(stores: dict[str, Any], split_sample_stores: SampleSplit,
                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = copy_store(split_sample_stores.first, tmp_path / "s")  # batch 1 consolidated
     crash_before_watermarks(monkeypatch, store, split_sample_stores.b)
     assert graph(store) == graph(stores["two"])
 
 
-def test_rebuild_restores_a_missing_graph(stores: dict[str, Store], tmp_path: Path) -> None:
+def test_rebuild_restores_a_missing_graph(stores: dict[str, Any], tmp_path: Path) -> None:
     """A store with memories but no graph (older than this stage) gets it back with --rebuild-graph."""
     shutil.copytree(stores["one"].uri, tmp_path / "old")
     settings = Settings(store=str(tmp_path / "old"))

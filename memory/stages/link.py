@@ -1,5 +1,5 @@
-"""PREMem step 2a: per-session clustering chosen by silhouette, and cross-session linking
-against the persistent cluster pool (cosine of centroids > θ).
+"""The link stage, PREMem step 2a: per-session clustering chosen by silhouette, and cross-session
+linking against the user's persistent cluster pool (cosine of centroids > θ).
 
 Clustering is average-linkage agglomerative on cosine distance (SciPy), cut at the k in
 2..max_clusters with the best silhouette (scikit-learn). The paper fixes only the silhouette
@@ -8,8 +8,8 @@ batches give identical clusters) and reuse one distance matrix for every k.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -17,48 +17,31 @@ from scipy.spatial.distance import squareform
 from sklearn.metrics import silhouette_score
 
 from memory.ids import make_id
+from memory.stages.shard import Cluster, Link, ShardState, StageContext, timed
 
 
-@dataclass
-class Cluster:
-    """A group of fragments of one session, with its (unnormalized) centroid."""
-
-    id: str
-    user_id: str
-    session_id: str
-    session_ts: datetime
-    member_ids: list[str]
-    centroid: np.ndarray
-    consumed_ts: datetime | None = None
-    consumed_by: str | None = None
-
-    def row(self, run_id: str) -> dict:
-        return {
-            "id": self.id, "user_id": self.user_id, "session_id": self.session_id,
-            "session_ts": self.session_ts, "member_ids": self.member_ids, "size": len(self.member_ids),
-            "centroid": self.centroid.astype(np.float32), "consumed_ts": self.consumed_ts,
-            "consumed_by": self.consumed_by, "run_id": run_id,
-        }
-
-
-@dataclass
-class Link:
-    """A connected pair (p from the pool, c from the new session) with sim(p, c) > θ."""
-
-    pool: Cluster
-    new: Cluster
-    similarity: float
-    id: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.id = make_id(self.new.user_id, self.pool.id, self.new.id)
-
-    def row(self, run_id: str) -> dict:
-        return {
-            "id": self.id, "user_id": self.new.user_id, "pool_cluster_id": self.pool.id,
-            "new_cluster_id": self.new.id, "session_id": self.new.session_id,
-            "similarity": self.similarity, "run_id": run_id,
-        }
+def link(state: ShardState, ctx: StageContext) -> ShardState:
+    """Cluster each session's fragments and link them to the user's pool, session by session."""
+    with timed(state, "link"):
+        by_session: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for f in state.fragments:
+            by_session.setdefault((f["user_id"], f["session_id"]), []).append(f)
+        for session in state.sessions:
+            frags = by_session.get((session.user_id, session.session_id), [])
+            if not frags:
+                continue
+            vecs = np.stack([f["vector"] for f in frags])
+            clusters = cluster_session(session.user_id, session.session_id, session.ts,
+                                       [f["id"] for f in frags], vecs, ctx.settings.max_clusters)
+            by_id = {f["id"]: f for f in frags}
+            for c in clusters:
+                for fid in c.member_ids:
+                    by_id[fid]["cluster_id"] = c.id
+            pool = state.pools.get(session.user_id, [])
+            links, state.pools[session.user_id] = link_session(pool, clusters, ctx.settings.theta)
+            state.clusters.extend(clusters)
+            state.links.extend(links)
+    return state
 
 
 def choose_labels(vectors: np.ndarray, max_clusters: int = 8) -> np.ndarray:

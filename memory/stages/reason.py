@@ -1,16 +1,35 @@
-"""PREMem step 2b: insights over linked cluster pairs (five evolution patterns)."""
+"""The reason stage, PREMem step 2b: insights over the shard's linked cluster pairs (five evolution
+patterns), one LLM request per pair, all pairs of the shard in one batch. The insights are embedded
+and attributed to source messages afterwards, by `embed_insights`."""
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from memory import prompts
 from memory.ids import make_id
-from memory.link import Link
+from memory.stages.shard import Link, ShardState, StageContext, all_fragments, merge_llm, timed
 
-#: an insight cites the message ids of at most this many parent fragments, the closest to it
-MAX_SOURCE_PARENTS = 3
+
+def reason(state: ShardState, ctx: StageContext) -> ShardState:
+    """PREMem step 2 over every linked pair of the shard, as one LLM batch."""
+    with timed(state, "reason"):
+        if state.links:
+            fragments = all_fragments(state, ctx.store)
+            runner = ctx.runner()
+            backend = runner.backend
+            requests = [prompts.reason_request(pair_context(lk, fragments)) for lk in state.links]
+            answers, bad = runner.run(requests)
+            merge_llm(state, runner.stats)
+            for lk, answer in zip(state.links, answers):
+                if answer is not None:
+                    state.insights.extend(insight_rows(lk, prompts.parse_reasoning(answer), run_id=state.run_id,
+                                                       backend=backend.name, model=backend.model))
+            by_link = {lk.id: lk for lk in state.links}
+            for q in bad:
+                lk = by_link[q.request.context["link_id"]]
+                state.quarantine.append(q.row(lk.new.user_id, state.run_id, lk.id))
+            state.insights = list({r["id"]: r for r in state.insights}.values())
+    return state
 
 
 def pair_context(link: Link, fragments: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -38,21 +57,3 @@ def insight_rows(link: Link, items: list[dict[str, Any]], *, run_id: str, backen
             "backend": backend, "model": model, "prompt_version": prompts.REASON_VERSION,
         })
     return rows
-
-
-def attribute_sources(insight_vecs: np.ndarray, rows: list[dict[str, Any]],
-                      fragment_vecs: dict[str, np.ndarray], fragments: dict[str, dict[str, Any]]) -> None:
-    """Set each insight's source_ids to the message ids of its closest parent fragments.
-
-    Citing every parent would make one insight claim a whole cluster pair's messages.
-    """
-    for vec, row in zip(insight_vecs, rows):
-        parents = [p for p in row["parent_ids"] if p in fragment_vecs]
-        sims = np.array([float(vec @ fragment_vecs[p]) for p in parents])
-        order = np.argsort(-sims, kind="stable")[:MAX_SOURCE_PARENTS]
-        sources: list[str] = []
-        for i in order:
-            for sid in fragments[parents[i]]["source_ids"]:
-                if sid not in sources:
-                    sources.append(sid)
-        row["source_ids"] = sources

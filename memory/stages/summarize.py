@@ -1,4 +1,5 @@
-"""MemWeaver cognitive memory (Yu et al., §3.3.2 and §3.3.3): phase summaries and a global profile.
+"""The summarize stage, MemWeaver cognitive memory (Yu et al., §3.3.2 and §3.3.3): phase summaries and a
+global profile.
 
 Each user's fragments, in time order, are split into phases at semantic breakpoints: for every gap
 between two consecutive fragments, the cosine between the mean vector of the `WINDOW` fragments
@@ -22,7 +23,6 @@ store) and every user on `Settings.rebuild_graph` is re-segmented from scratch.
 from __future__ import annotations
 
 import logging
-import time
 from datetime import datetime
 from typing import Any
 
@@ -30,12 +30,13 @@ import numpy as np
 import polars as pl
 
 from memory import prompts
+from memory.graph import Node, stored_ids, with_stored
 from memory.ids import make_id
+from memory.read import PROFILE_KEY
 from memory.segments import breakpoints
-from memory.settings import Settings
+from memory.stages.shard import (ShardState, StageContext, add_rows, frame, has_stored, merge_llm, new_nodes,
+                                 replace_user, timed, users_to_update)
 from memory.store import Store
-from memory.weave import (Node, add_rows, has_stored, new_nodes, replace_user, stored_ids, users_to_update,
-                          with_stored)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,96 @@ MIN_PHASE = 8
 MAX_PHASE = 40
 WINDOW = 3
 DROP_STD = 0.5
-PROFILE_KEY = "user profile"
+
+#: a user's plan: (user, its stored phase rows, its new phases as (request context, nodes))
+Plan = tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], list[Node]]]]
+
+
+# -- the stage --------------------------------------------------------------------------------------
+def summarize(state: ShardState, ctx: StageContext) -> ShardState:
+    """Summarize the shard's new phases (one LLM batch), then re-synthesize each profile (another)."""
+    with timed(state, "summarize"):
+        plans = [plan_user(state, ctx, user) for user in users_to_update(state, ctx.settings, ("fragment",))]
+        if any(p for _, _, p in plans):
+            write_summaries(state, ctx, plans)
+    return state
+
+
+def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
+    """The user's stored phases to keep and new phases to summarize (all of them on a re-segmentation)."""
+    store = ctx.store
+    until = state.watermarks[user][0]
+    stored = has_stored(state, user)
+    batch = new_nodes(state, user, ("fragment",))
+    rebuild = ctx.settings.rebuild_graph
+    old_rows: list[dict[str, Any]] = []
+    if not rebuild and stored:
+        old = stored_phases(store, user, until)
+        covered = int(old["n_items"].sum()) if old.height else 0
+        if covered != len(stored_ids(store, user, until, ("fragment",))):
+            log.info("user %s has fragments outside its phases: re-segmenting", user)
+            rebuild = True
+        else:
+            old_rows = old.to_dicts()
+    if rebuild:
+        replace_user(state, "summaries", user)
+        if stored:
+            batch = with_stored(batch, store, user, until, ("fragment",))
+    batch.sort(key=Node.order)
+    phases = []
+    if batch:
+        vecs = np.stack([n.vector for n in batch])
+        for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
+            phases.append((phase_context(user, number, batch[a:b]), batch[a:b]))
+    return user, old_rows, phases
+
+
+def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> None:
+    """The phase batch, then the profile batch; both kinds of rows embedded and added to the shard."""
+    runner = ctx.runner()
+    backend = runner.backend
+    meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
+    requests = [prompts.summarize_request(c) for _, _, phases in plans for c, _ in phases]
+    answers, bad = runner.run(requests)
+    it = iter(answers)
+    new_rows: list[dict[str, Any]] = []
+    profile_plans = []
+    for user, old_rows, phases in plans:
+        mine = []
+        for (c, nodes), answer in zip(phases, it):
+            if answer is not None:
+                mine.append(phase_row(c, nodes, prompts.parse_summary(answer), **meta))
+        new_rows += mine
+        every = sorted(old_rows + mine, key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
+        if every:
+            profile_plans.append((user, every))
+    for q in bad:
+        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, q.request.context["phase_id"]))
+    preq = [prompts.profile_request({"user_id": user, "summaries": [
+        {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]} for r in every]})
+        for user, every in profile_plans]
+    panswers, pbad = runner.run(preq, validate=prompts.validate_profile)
+    merge_llm(state, runner.stats)
+    state.llm["memweaver_requests"] = state.llm.get("memweaver_requests", 0) + len(requests) + len(preq)
+    profiles = [profile_row(user, every, prompts.parse_profile(a), **meta)
+                for (user, every), a in zip(profile_plans, panswers) if a is not None]
+    for q in pbad:
+        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, "profile"))
+    rows = new_rows + profiles
+    if rows:
+        vecs = ctx.embedder.embed([r["text"] for r in rows])
+        for r, v in zip(rows, vecs):
+            r["vector"] = v
+        add_rows(state, "summaries", rows)
+
+
+def stored_phases(store: Store, user: str, until: datetime) -> pl.DataFrame:
+    """The user's stored phase rows of sessions up to `until`, oldest first."""
+    t = frame(store.read("summaries", user, columns=[
+        "id", "level", "session_id", "session_ts", "start_ts", "end_ts", "content", "n_items", "source_ids"]))
+    if t.height == 0:
+        return t
+    return t.filter((pl.col("level") == "phase") & (pl.col("session_ts") <= until)).sort(["start_ts", "end_ts", "id"])
 
 
 # -- segmentation ---------------------------------------------------------------------------------
@@ -109,97 +199,3 @@ def profile_row(user: str, phases: list[dict[str, Any]], profile: str, *, run_id
             "date": date_range(start, end), "text": profile, "member_ids": [p["id"] for p in phases],
             "n_items": len(phases), "source_ids": sources, "run_id": run_id, "backend": backend, "model": model,
             "prompt_version": prompts.PROFILE_VERSION}
-
-
-# -- the stage --------------------------------------------------------------------------------------
-def _stored_phases(store: Store, user: str, until: datetime) -> pl.DataFrame:
-    t = pl.from_arrow(store.read("summaries", user, columns=[
-        "id", "level", "session_id", "session_ts", "start_ts", "end_ts", "content", "n_items", "source_ids"]))
-    if t.height == 0:
-        return t
-    return t.filter((pl.col("level") == "phase") & (pl.col("session_ts") <= until)).sort(["start_ts", "end_ts", "id"])
-
-
-def summarize(state: Any, store: Store, settings: Settings) -> Any:
-    """Summarize the shard's new phases (one LLM batch), then re-synthesize each profile (another)."""
-    from memory.pipeline import _merge_llm, _runner, _timed, embedder_for
-
-    start = time.perf_counter()
-    plans: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], list[Node]]]]] = []
-    for user in users_to_update(state, settings, ("fragment",)):
-        until = state.watermarks[user][0]
-        stored = has_stored(state, user)
-        batch = new_nodes(state, user, ("fragment",))
-        rebuild = settings.rebuild_graph
-        old_rows: list[dict[str, Any]] = []
-        if not rebuild and stored:
-            old = _stored_phases(store, user, until)
-            covered = int(old["n_items"].sum()) if old.height else 0
-            if covered != len(stored_ids(store, user, until, ("fragment",))):
-                log.info("user %s has fragments outside its phases: re-segmenting", user)
-                rebuild = True
-            else:
-                old_rows = old.to_dicts()
-        if rebuild:
-            replace_user(state, "summaries", user)
-            if stored:
-                batch = with_stored(batch, store, user, until, ("fragment",))
-        batch.sort(key=Node.order)
-        phases = []
-        if batch:
-            vecs = np.stack([n.vector for n in batch])
-            for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
-                phases.append((phase_context(user, number, batch[a:b]), batch[a:b]))
-        plans.append((user, old_rows, phases))
-    if not any(p for _, _, p in plans):
-        _timed(state, "summarize", start)
-        return state
-
-    runner = _runner(store, settings)
-    backend = runner.backend
-    meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
-    requests = [prompts.summarize_request(ctx) for _, _, phases in plans for ctx, _ in phases]
-    answers, bad = runner.run(requests)
-    it = iter(answers)
-    new_rows: list[dict[str, Any]] = []
-    profile_plans = []
-    for user, old_rows, phases in plans:
-        mine = []
-        for (ctx, nodes), answer in zip(phases, it):
-            if answer is not None:
-                mine.append(phase_row(ctx, nodes, prompts.parse_summary(answer), **meta))
-        new_rows += mine
-        every = sorted(old_rows + mine, key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
-        if every:
-            profile_plans.append((user, every))
-    for q in bad:
-        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, q.request.context["phase_id"]))
-    preq = [prompts.profile_request({"user_id": user, "summaries": [
-        {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]} for r in every]})
-        for user, every in profile_plans]
-    panswers, pbad = runner.run(preq, validate=prompts.validate_profile)
-    _merge_llm(state, runner.stats)
-    state.llm["memweaver_requests"] = state.llm.get("memweaver_requests", 0) + len(requests) + len(preq)
-    profiles = [profile_row(user, every, prompts.parse_profile(a), **meta)
-                for (user, every), a in zip(profile_plans, panswers) if a is not None]
-    for q in pbad:
-        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, "profile"))
-    rows = new_rows + profiles
-    if rows:
-        vecs = embedder_for(settings).embed([r["text"] for r in rows])
-        for r, v in zip(rows, vecs):
-            r["vector"] = v
-        add_rows(state, "summaries", rows)
-    _timed(state, "summarize", start)
-    return state
-
-
-def read_profile(store: Store, user: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """(the profile row or None, the phase rows oldest first) of one user."""
-    t = pl.from_arrow(store.read("summaries", user, columns=[
-        "id", "level", "key", "content", "date", "start_ts", "end_ts", "n_items", "source_ids", "member_ids"]))
-    if t.height == 0:
-        return None, []
-    prof = t.filter(pl.col("level") == "profile")
-    phases = t.filter(pl.col("level") == "phase").sort(["start_ts", "end_ts", "id"]).to_dicts()
-    return (prof.row(0, named=True) if prof.height else None), phases

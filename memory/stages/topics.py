@@ -1,5 +1,5 @@
-"""RMM prospective reflection (Tan et al. §5): topic memories per session, added to or merged into
-each user's topic bank.
+"""The topics stage, RMM prospective reflection (Tan et al. §5): topic memories per session, added to
+or merged into each user's topic bank.
 
     extract (D.1.1)  one request per (session, named participant): topic summaries + referenced turns
     embed            every new summary, one batch
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from memory import prompts
-from memory.extract import SessionWork
+from memory.embed import Embedder
 from memory.ids import make_id
-from memory.settings import Settings
+from memory.llm.runner import LLMRunner
+from memory.stages.shard import SessionWork, ShardState, StageContext, add_rows, has_stored, merge_llm, timed
 from memory.store import Store
-from memory.weave import add_rows, has_stored
+from memory.text import key_phrase
 
 log = logging.getLogger(__name__)
 
@@ -145,71 +145,67 @@ def extraction_contexts(sessions: list[SessionWork], vectors: dict[tuple[str, st
 
 
 # -- the stage --------------------------------------------------------------------------------------
-def topics(state: Any, store: Store, settings: Settings) -> Any:
+def topics(state: ShardState, ctx: StageContext) -> ShardState:
     """RMM prospective reflection over every pending session of the shard (see the module doc)."""
-    from memory.pipeline import _merge_llm, _runner, _timed, embedder_for
-
-    start = time.perf_counter()
     if not state.sessions:
         return state
-    runner = _runner(store, settings)
-    backend = runner.backend
-    embedder = embedder_for(settings)
-    vectors = {(m["user_id"], m["message_id"]): np.asarray(m["vector"], dtype=np.float32)
-               for m in state.message_rows if m.get("vector") is not None}
-    subjects: dict[tuple[str, str], set[str]] = {}
-    for f in state.fragments:
-        subjects.setdefault((f["user_id"], f["session_id"]), set()).add(f["subject"])
+    with timed(state, "topics"):
+        runner = ctx.runner()
+        embedder = ctx.embedder
+        vectors = {(m["user_id"], m["message_id"]): np.asarray(m["vector"], dtype=np.float32)
+                   for m in state.message_rows if m.get("vector") is not None}
+        subjects: dict[tuple[str, str], set[str]] = {}
+        for f in state.fragments:
+            subjects.setdefault((f["user_id"], f["session_id"]), set()).add(f["subject"])
 
-    # 1. D.1.1: one batch for the shard
-    contexts = extraction_contexts(state.sessions, vectors, subjects)
-    answers, bad = runner.run([prompts.topic_extract_request(c) for c in contexts])
-    for q in bad:
-        c = q.request.context
-        state.quarantine.append(q.row(c["user_id"], state.run_id, f"{c['session_id']}/{c['subject']}"))
-    new: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for ctx, answer in zip(contexts, answers):
-        if answer is None:
-            continue
-        items = new.setdefault((ctx["user_id"], ctx["session_id"]), [])
-        seen = {it["id"] for it in items}
-        for it in prompts.parse_topic_extraction(answer, ctx["turns"]):
-            tid = topic_id(ctx["user_id"], ctx["session_id"], ctx["subject"], it["summary"], it["source_ids"])
-            if tid not in seen:
-                seen.add(tid)
-                items.append({**it, "id": tid, "subject": ctx["subject"]})
+        # 1. D.1.1: one batch for the shard
+        contexts = extraction_contexts(state.sessions, vectors, subjects)
+        answers, bad = runner.run([prompts.topic_extract_request(c) for c in contexts])
+        for q in bad:
+            c = q.request.context
+            state.quarantine.append(q.row(c["user_id"], state.run_id, f"{c['session_id']}/{c['subject']}"))
+        new: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for tc, answer in zip(contexts, answers):
+            if answer is None:
+                continue
+            items = new.setdefault((tc["user_id"], tc["session_id"]), [])
+            seen = {it["id"] for it in items}
+            for it in prompts.parse_topic_extraction(answer, tc["turns"]):
+                tid = topic_id(tc["user_id"], tc["session_id"], tc["subject"], it["summary"], it["source_ids"])
+                if tid not in seen:
+                    seen.add(tid)
+                    items.append({**it, "id": tid, "subject": tc["subject"]})
 
-    # 2. embed every new summary (and rolled-back bank topics) in one batch
-    banks: dict[str, list[Topic]] = {}
-    stale: list[Topic] = []
-    for user in sorted({s.user_id for s in state.sessions}):
-        banks[user], rolled = (load_bank(store, user, state.watermarks[user][0]) if has_stored(state, user)
-                               else ([], []))
-        stale.extend(rolled)
-    flat = [it for items in new.values() for it in items]
-    vecs = embedder.embed([it["summary"] for it in flat] + [t.text for t in stale])
-    for it, v in zip(flat, vecs[:len(flat)]):
-        it["vector"] = v
-    for t, v in zip(stale, vecs[len(flat):]):
-        t.vector = v
+        # 2. embed every new summary (and rolled-back bank topics) in one batch
+        banks: dict[str, list[Topic]] = {}
+        stale: list[Topic] = []
+        for user in sorted({s.user_id for s in state.sessions}):
+            banks[user], rolled = (load_bank(ctx.store, user, state.watermarks[user][0]) if has_stored(state, user)
+                                   else ([], []))
+            stale.extend(rolled)
+        flat = [it for items in new.values() for it in items]
+        vecs = embedder.embed([it["summary"] for it in flat] + [t.text for t in stale])
+        for it, v in zip(flat, vecs[:len(flat)]):
+            it["vector"] = v
+        for t, v in zip(stale, vecs[len(flat):]):
+            t.vector = v
 
-    # 3. D.1.2 in rounds: the r-th pending session of every user
-    by_user: dict[str, list[SessionWork]] = {}
-    for s in state.sessions:
-        by_user.setdefault(s.user_id, []).append(s)
-    for user in by_user:
-        by_user[user].sort(key=lambda s: (s.ts, s.session_id))
-    rounds = max(len(v) for v in by_user.values())
-    for r in range(rounds):
-        todo = [(s, it) for user in sorted(by_user) if r < len(by_user[user])
-                for s in [by_user[user][r]] for it in new.get((user, s.session_id), [])]
-        _update_round(state, runner, embedder, banks, todo, settings.topic_merge_threshold)
-    _merge_llm(state, runner.stats)
+        # 3. D.1.2 in rounds: the r-th pending session of every user
+        by_user: dict[str, list[SessionWork]] = {}
+        for s in state.sessions:
+            by_user.setdefault(s.user_id, []).append(s)
+        for user in by_user:
+            by_user[user].sort(key=lambda s: (s.ts, s.session_id))
+        rounds = max(len(v) for v in by_user.values())
+        for r in range(rounds):
+            todo = [(s, it) for user in sorted(by_user) if r < len(by_user[user])
+                    for s in [by_user[user][r]] for it in new.get((user, s.session_id), [])]
+            _update_round(state, runner, embedder, banks, todo, ctx.settings.topic_merge_threshold)
+        merge_llm(state, runner.stats)
 
-    rows = [t.row() for bank in banks.values() for t in bank if t.touched]
-    if rows:
-        add_rows(state, "topics", rows)
-    _timed(state, "topics", start)
+        rows = [t.row() for bank in banks.values() for t in bank if t.touched]
+        if rows:
+            add_rows(state, "topics", rows)
     return state
 
 
@@ -217,12 +213,12 @@ def _candidates(bank: list[Topic], subject: str, vec: np.ndarray) -> list[tuple[
     same = [t for t in bank if t.subject == subject and t.vector is not None]
     if not same:
         return []
-    sims = np.stack([t.vector for t in same]) @ vec
+    sims = np.stack([t.vector for t in same if t.vector is not None]) @ vec
     order = sorted(range(len(same)), key=lambda i: (-float(sims[i]), same[i].id))[:TOP_K]
     return [(same[i], float(sims[i])) for i in order]
 
 
-def _update_round(state: Any, runner: Any, embedder: Any, banks: dict[str, list[Topic]],
+def _update_round(state: ShardState, runner: LLMRunner, embedder: Embedder, banks: dict[str, list[Topic]],
                   todo: list[tuple[SessionWork, dict[str, Any]]], threshold: float) -> None:
     backend = runner.backend
     asks: list[tuple[SessionWork, dict[str, Any], list[tuple[Topic, float]]]] = []
@@ -272,8 +268,6 @@ def _update_round(state: Any, runner: Any, embedder: Any, banks: dict[str, list[
             continue
         if any(t.id == it["id"] for t in bank):
             continue  # the same topic already in the bank (re-run of a committed session)
-        from memory.llm.rules import key_phrase
-
         bank.append(Topic(id=it["id"], user_id=s.user_id, subject=it["subject"], session_id=s.session_id,
                           created_ts=s.ts, session_ts=s.ts, text=it["summary"],
                           key=key_phrase(it["summary"], it["subject"]), date=_day(s.ts),

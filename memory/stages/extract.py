@@ -1,0 +1,103 @@
+"""The extract stage, PREMem step 1: categorized episodic fragments per pending session, from the LLM
+backend (one batch for the shard) or, for sessions with imported observations (LoCoMo's recorded
+extraction), from the observations with category, key phrase and date from the text heuristics."""
+from __future__ import annotations
+
+from typing import Any
+
+from memory import prompts
+from memory.dates import normalize_date
+from memory.ids import make_id
+from memory.llm.base import LLMRequest
+from memory.llm.runner import Quarantined
+from memory.stages.shard import SessionWork, ShardState, StageContext, merge_llm, timed
+from memory.text import categorize, key_phrase
+
+OBSERVATION_VERSION = "observation-import-v1"
+
+
+def extract(state: ShardState, ctx: StageContext) -> ShardState:
+    """PREMem step 1 for every pending session of the shard, as one LLM batch."""
+    with timed(state, "extract"):
+        to_llm = [s for s in state.sessions if not s.observed and s.messages]
+        if to_llm:
+            runner = ctx.runner()
+            backend = runner.backend
+            answers, bad = runner.run(extraction_requests(to_llm))
+            merge_llm(state, runner.stats)
+            for session, answer in zip(to_llm, answers):
+                if answer is None:
+                    continue
+                ids = {m["message_id"] for m in session.messages}
+                for item in dedupe_items(prompts.parse_extraction(answer, ids)):
+                    state.fragments.append(fragment_row(session, item, run_id=state.run_id, backend=backend.name,
+                                                        model=backend.model, prompt_version=prompts.EXTRACT_VERSION))
+            for q, session in quarantined_sessions(bad, to_llm):
+                state.quarantine.append(q.row(session.user_id, state.run_id, session.session_id))
+        for session in (s for s in state.sessions if s.observed):
+            for item in dedupe_items(observation_items(session)):
+                state.fragments.append(fragment_row(session, item, run_id=state.run_id, backend="observations",
+                                                    model="recorded", prompt_version=OBSERVATION_VERSION))
+    return state
+
+
+def quarantined_sessions(bad: list[Quarantined], sessions: list[SessionWork]) -> list[tuple[Quarantined, SessionWork]]:
+    """Each quarantined extraction request with the session it was for."""
+    by_key = {(s.user_id, s.session_id): s for s in sessions}
+    out = []
+    for q in bad:
+        c = q.request.context
+        out.append((q, by_key[(c["user_id"], c["session_id"])]))
+    return out
+
+
+def fragment_text(key: str, subject: str, content: str) -> str:
+    """What gets embedded: key phrase plus content, naming the subject (PREMem §3.2.1)."""
+    body = content if content.lower().startswith(subject.lower()) else f"{subject} {content}"
+    return f"{key}: {body}"
+
+
+def fragment_row(session: SessionWork, item: dict[str, Any], *, run_id: str, backend: str, model: str,
+                 prompt_version: str) -> dict[str, Any]:
+    """A fragments-table row (without vector) for one parsed extraction item."""
+    fid = make_id(session.user_id, session.session_id, item["category"], item["subject"], item["key"],
+                  item["content"], item["date"], *item["source_ids"], prompt_version)
+    return {
+        "id": fid, "user_id": session.user_id, "session_id": session.session_id,
+        "session_ts": session.ts, "subject": item["subject"], "category": item["category"],
+        "key": item["key"], "content": item["content"], "date": item["date"],
+        "text": fragment_text(item["key"], item["subject"], item["content"]),
+        "source_ids": list(item["source_ids"]), "run_id": run_id, "backend": backend, "model": model,
+        "prompt_version": prompt_version,
+    }
+
+
+def observation_items(session: SessionWork) -> list[dict[str, Any]]:
+    """Imported observations as fragment items: category, key and date from the text heuristics."""
+    items = []
+    for obs in session.observations or []:
+        content = obs["content"].strip()
+        category = categorize(content)
+        items.append({
+            "subject": obs["subject"], "category": category, "key": key_phrase(content, obs["subject"]),
+            "content": content, "date": normalize_date(content, session.ts, category),
+            "source_ids": list(obs["source_ids"]),
+        })
+    return items
+
+
+def extraction_requests(sessions: list[SessionWork]) -> list[LLMRequest]:
+    """One extraction request per session."""
+    return [prompts.extract_request(s.context()) for s in sessions]
+
+
+def dedupe_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop exact repeats an LLM sometimes emits (same category, subject, content, sources)."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for it in items:
+        key = (it["category"], it["subject"].lower(), it["content"].lower(), tuple(it["source_ids"]))
+        if key not in seen:
+            seen.add(key)
+            out.append(it)
+    return out
