@@ -1,5 +1,6 @@
 """mnemo's consolidation side: plain Python over Arrow, Polars and NumPy (never Prefect).
 
-Stages (ingest, extract, embed, link, reason) are functions over batches; `memory.pipeline`
-chains them for one shard of users and `flows/` only orchestrates.
+The core (settings, store, schemas, ids, errors, embed, read, text, prompts, llm, ingest) sits under
+`memory.stages`, one module per consolidation stage over a typed shard; `memory.pipeline` runs
+load -> stages -> commit for one shard of users and `memory.runs` loops over shards without Prefect.
 """
