@@ -1,8 +1,9 @@
 """Prefect flows: `consolidate` (nightly, incremental by watermark) and `backfill` (a whole archive).
 
-Users are mapped in shards; each stage of a shard is one task (load, extract, embed, link,
-reason, embed-insights), so a transient failure retries only its stage and the LLM response
-cache means a retried stage never pays twice. The flow itself is the one writer: it commits each
+Users are mapped in shards; each stage of a shard is one task (`load`, then every stage of
+`memory.stages.STAGES`), so a transient failure retries only its stage and the LLM response
+cache means a retried stage never pays twice. The settings are resolved once, in the flow, and
+reach every task (threads or Dask workers) as data. The flow itself is the one writer: it commits each
 finished shard (tables, then watermarks) as it completes.
 """
 from __future__ import annotations
@@ -17,18 +18,28 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from memory import pipeline
+from memory.embed import embedder_for
 from memory.errors import LLMTransientError
-from memory.pipeline import ShardState
+from memory.ingest import ingest
+from memory.pipeline import has_work
 from memory.runs import new_report, open_store, plan_shards
-from memory.settings import Settings, get_settings
+from memory.settings import Settings, load_settings
+from memory.stages import STAGES, stage
+from memory.stages.commit import commit
+from memory.stages.load import load_shard
+from memory.stages.shard import ShardState, StageContext
 from memory.store import Store
+from retrieval.rerank import train_reranker
+from retrieval.retriever import Retriever
 
 log = logging.getLogger(__name__)
 
 
-def _settings(overrides: dict[str, Any] | None) -> Settings:
-    return get_settings().with_overrides(**(overrides or {}))
+def resolve_settings(settings: Settings | None, overrides: dict[str, Any] | None) -> Settings:
+    """The flow's settings: the caller's object (the CLI passes its own), else the environment of the
+    process running the flow (a deployment), with a deployment's `overrides` on top. Read once, here:
+    tasks get the result as data, so Dask workers never read their own environment."""
+    return (settings or load_settings()).with_overrides(**(overrides or {}))
 
 
 @lru_cache(maxsize=4)
@@ -37,11 +48,13 @@ def _store(uri: str, dim: int) -> Store:
 
 
 def _open(settings: Settings) -> Store:
-    return _store(settings.store, pipeline.embedder_for(settings).dim)
+    """One store handle per process (and Dask worker) and URI."""
+    return _store(settings.store, embedder_for(settings).dim)
 
 
 def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a stage only for failures worth retrying (timeouts, 429, 5xx), never for bad input."""
+    """Retry a stage only for failures worth retrying (the backend gave up on timeouts, 429, 5xx),
+    never for bad input. The backend retries each request; this retries the stage as a whole."""
     try:
         state.result()
     except LLMTransientError:
@@ -56,29 +69,27 @@ RETRY_DELAYS_S = [5, 30]
 
 
 @task(name="load", cache_policy=NO_CACHE)
-def load_task(users: list[str], overrides: dict[str, Any], run_id: str) -> ShardState:
-    return pipeline.load_shard(_open(_settings(overrides)), users, run_id)
+def load_task(users: list[str], settings: Settings, run_id: str) -> ShardState:
+    return load_shard(_open(settings), users, run_id)
 
 
 @task(name="stage", cache_policy=NO_CACHE)
-def stage_task(name: str, state: ShardState, overrides: dict[str, Any]) -> ShardState:
-    """One consolidation stage of one shard (see `memory.pipeline.stages`)."""
-    s = _settings(overrides)
-    if not pipeline.has_work(state, s):
+def stage_task(name: str, state: ShardState, settings: Settings) -> ShardState:
+    """One consolidation stage of one shard (see `memory.stages.STAGES`)."""
+    if not has_work(state, settings):
         return state
-    fn = {n: f for n, f, _ in pipeline.stages()}[name]
-    return fn(state, _open(s), s)
+    return stage(name).run(state, StageContext.create(_open(settings), settings, state.run_id))
 
 
 def _stage_tasks() -> list[Any]:
     """One Prefect task per stage; LLM stages retry on transient errors only."""
     out = []
-    for name, _, retry in pipeline.stages():
-        opts: dict[str, Any] = {"name": name, "task_run_name": name}
-        if retry:
+    for spec in STAGES:
+        opts: dict[str, Any] = {"name": spec.name, "task_run_name": spec.name}
+        if spec.retryable:
             opts.update(retries=len(RETRY_DELAYS_S), retry_delay_seconds=list(RETRY_DELAYS_S),
                         retry_condition_fn=_transient)
-        out.append((name, stage_task.with_options(**opts)))
+        out.append((spec.name, stage_task.with_options(**opts)))
     return out
 
 
@@ -113,10 +124,9 @@ def _shard_result(chain: list[Any]) -> ShardState:
     return final.result()
 
 
-def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[str, Any]:
+def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, Any]:
     logger = get_run_logger()
     start = time.perf_counter()
-    settings = _settings(overrides)
     store = open_store(settings)
     report = new_report(kind, settings)
     shards = plan_shards(store, users, settings.shard_size)
@@ -124,9 +134,9 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
     chains: dict[Any, tuple[list[str], list[Any]]] = {}
     stage_tasks = _stage_tasks()
     for shard in shards:
-        chain = [load_task.submit(shard, overrides, report.run_id)]
-        for name, stage in stage_tasks:
-            chain.append(stage.submit(name, chain[-1], overrides))
+        chain = [load_task.submit(shard, settings, report.run_id)]
+        for name, task_ in stage_tasks:
+            chain.append(task_.submit(name, chain[-1], settings))
         chains[chain[-1].task_run_id] = (shard, chain)
     done = 0
     failed: list[tuple[list[str], Exception]] = []
@@ -139,8 +149,8 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
             failed.append((shard, exc))
             logger.error("shard of users %s failed: %s: %s", shard, type(exc).__name__, exc)
             continue
-        if pipeline.has_work(state, settings):
-            pipeline.commit(store, state)  # the flow is the one writer of the run
+        if has_work(state, settings):
+            commit(store, state)  # the flow is the one writer of the run
         report.add(state)
         done += 1
         logger.info("shard %d/%d committed: %s", done, len(shards), state.counts())
@@ -157,29 +167,26 @@ def _run(kind: str, users: list[str] | None, overrides: dict[str, Any]) -> dict[
 
 
 @task(name="train", task_run_name="train", cache_policy=NO_CACHE)
-def train_task(overrides: dict[str, Any], run_id: str) -> list[str]:
+def train_task(settings: Settings, run_id: str) -> list[str]:
     """RMM retrospective reflection: the next reranker version from the feedback newer than the last
     one (retrieval.rerank); skipped when there is none."""
-    from retrieval.rerank import train_reranker
-    from retrieval.retriever import Retriever
-    from retrieval.settings import RetrievalSettings
-
-    settings = _settings(overrides)
     store = _open(settings)
     if not store.has_table("feedback"):
         return ["reranker: skipped (no feedback)"]
-    rs = RetrievalSettings()
-    r = Retriever(store, rs, pipeline.embedder_for(settings), settings)
-    return [rep.summary() for rep in train_reranker(r, scope=rs.rerank_scope, run_id=run_id)]
+    r = Retriever(store, settings, embedder_for(settings))
+    return [rep.summary() for rep in train_reranker(r, scope=settings.retrieval.rerank_scope, run_id=run_id)]
 
 
 @flow(name="consolidate", task_runner=ThreadPoolTaskRunner(max_workers=2))
-def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] | None = None,
+                     settings: Settings | None = None) -> dict[str, Any]:
     """Nightly: consolidate every user's sessions newer than its watermark, then train the reranker
-    from new feedback (after every shard committed)."""
-    result = _run("consolidate", users, overrides or {})
+    from new feedback (after every shard committed). `settings` defaults to the environment of the
+    process running the flow; a deployment's `overrides` apply on top."""
+    resolved = resolve_settings(settings, overrides)
+    result = _run("consolidate", users, resolved)
     try:
-        result["train"] = train_task(overrides or {}, result["run_id"])
+        result["train"] = train_task(resolved, result["run_id"])
     except Exception as exc:  # consolidation is committed; a failed training waits for the next run
         get_run_logger().error("reranker training failed: %s: %s", type(exc).__name__, exc)
         result["train"] = [f"reranker: failed ({type(exc).__name__}: {exc})"]
@@ -190,20 +197,20 @@ def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] |
 
 @flow(name="backfill", task_runner=ThreadPoolTaskRunner(max_workers=2))
 def backfill_flow(path: str, fmt: str, overrides: dict[str, Any] | None = None,
-                  observations_as_fragments: bool = False) -> dict[str, Any]:
+                  observations_as_fragments: bool = False, settings: Settings | None = None) -> dict[str, Any]:
     """A whole archive: ingest it, then consolidate its users shard by shard. Resumable: a re-run
     skips what was committed (watermarks) and re-pays no LLM call (response cache)."""
-    from memory.ingest import ingest
-
-    settings = _settings(overrides)
-    report = ingest(open_store(settings), path, fmt, observations_as_fragments=observations_as_fragments)
+    resolved = resolve_settings(settings, overrides)
+    report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments)
     get_run_logger().info(report.summary())
-    result = _run("backfill", report.users or None, overrides or {})
+    result = _run("backfill", report.users or None, resolved)
     result["ingest"] = report.summary()
     return result
 
 
 def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
-    """Run a flow with the task runner these settings ask for."""
-    fl = {"consolidate": consolidate_flow, "backfill": backfill_flow}[name]
-    return fl.with_options(task_runner=task_runner_for(settings))(**params)
+    """Run a flow with the task runner these settings ask for, handing it these settings."""
+    flows: dict[str, Any] = {"consolidate": consolidate_flow, "backfill": backfill_flow}
+    result: dict[str, Any] = flows[name].with_options(task_runner=task_runner_for(settings))(
+        settings=settings, **params)
+    return result

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from memory.benchmark import scratch_store
+from evaluation.common import scratch_store
 from memory.ids import make_id
+from memory.settings import Settings
 from memory.store import Store
 from retrieval.retriever import Retriever
-from retrieval.settings import RetrievalSettings
 
 DIM = 384
 WORDS = ("hiking camping painting guitar piano swimming running cooking baking reading garden dog cat "
@@ -55,14 +55,16 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return float(np.median(xs)), float(np.percentile(xs, 99))
 
 
-def bench_retrieval(memories: int = 10_000, queries: int = 200, store: str | None = None) -> str:
+def bench_retrieval(memories: int = 10_000, queries: int = 200, store: str | None = None,
+                    settings: Settings | None = None) -> str:
     """Run the latency benchmark with single-threaded BLAS, as `mnemo serve` runs retrieval: one
-    query's products are small, and a thread pool per product only waits on busy cores."""
+    query's products are small, and a thread pool per product only waits on busy cores.
+    `settings.retrieval` (default `Settings()`) configures the retriever."""
     with threadpool_limits(limits=1, user_api="blas"):
-        return _bench(memories, queries, store)
+        return _bench(memories, queries, store, settings or Settings())
 
 
-def _bench(memories: int, queries: int, store: str | None) -> str:
+def _bench(memories: int, queries: int, store: str | None, cfg: Settings) -> str:
     with scratch_store(store, "mnemo-bench-retrieval-") as root:
         st = Store(root, dim=DIM, consistency_s=None)
         users = ["bench-user", "bench-cold-1", "bench-cold-2", "bench-cold-3", "bench-cold-4", "bench-cold-5"]
@@ -72,7 +74,7 @@ def _bench(memories: int, queries: int, store: str | None) -> str:
         t = time.perf_counter()
         st.upsert("fragments", rows)
         write_s = time.perf_counter() - t
-        settings = RetrievalSettings()
+        settings = cfg.retrieval
         r = Retriever(st, settings)
         rng = np.random.default_rng(1)
         qs = []

@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from evaluation.common import evaluate, load_questions
 from memory.ingest import ingest
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
-from retrieval import bench
 from retrieval.retriever import Retriever
-from retrieval.settings import RetrievalSettings
 
 
-def _first_half(path: str, out: Path) -> None:
+def first_half(path: str, out: Path) -> None:
+    """Write the LoCoMo file `path` to `out` with only the first half of every conversation's sessions."""
     data = json.loads(Path(path).read_text())
     for sample in data:
         conv = sample["conversation"]
@@ -34,26 +34,29 @@ def _first_half(path: str, out: Path) -> None:
     out.write_text(json.dumps(data))
 
 
-def bench_incremental(path: str, strategies: Sequence[str] = ("walk", "hybrid-walk", "rfmem-hybrid")) -> str:
+def bench_incremental(path: str, strategies: Sequence[str] = ("walk", "hybrid-walk", "rfmem-hybrid"),
+                      settings: Settings | None = None) -> str:
+    """Recall@10 per strategy of the two-batch store and of its rebuild, side by side.
+    `settings` (default `Settings()`) gives every knob but the stores, the backend and `rebuild_graph`."""
+    base = settings or Settings()
     with tempfile.TemporaryDirectory(prefix="mnemo-bench-incr-") as tmp:
         root = Path(tmp)
-        _first_half(path, root / "half.json")
-        inc = Settings(store=str(root / "incremental"), llm="rules")
+        first_half(path, root / "half.json")
+        inc = base.with_overrides(store=str(root / "incremental"), llm="rules")
         st = open_store(inc)
         ingest(st, root / "half.json", "locomo")
         consolidate(st, inc)
         ingest(st, path, "locomo")
         consolidate(st, inc)
         shutil.copytree(root / "incremental", root / "rebuilt")
-        reb = Settings(store=str(root / "rebuilt"), llm="rules", rebuild_graph=True)
+        reb = base.with_overrides(store=str(root / "rebuilt"), llm="rules", rebuild_graph=True)
         t = time.perf_counter()
         consolidate(open_store(reb), reb)
         rebuild_s = time.perf_counter() - t
-        qs = bench.load_questions(path, st)        # the rebuilt store holds the same turns
-        retrievers = {name: Retriever(open_store(s), RetrievalSettings()) for name, s in
-                      (("incremental", inc), ("rebuilt", reb))}
+        qs = load_questions(path, st)        # the rebuilt store holds the same turns
+        retrievers = {name: Retriever(open_store(s), s) for name, s in (("incremental", inc), ("rebuilt", reb))}
         vecs = retrievers["incremental"].embed([q["question"] for q in qs])
-        rows = {name: {n: bench.evaluate(r, qs, vecs, n, (10,)) for n in strategies} for name, r in retrievers.items()}
+        rows = {name: {n: evaluate(r, qs, vecs, n, (10,)) for n in strategies} for name, r in retrievers.items()}
         lines = [f"LoCoMo {Path(path).name}: two incremental batches vs a rebuild of the same store "
                  f"(rebuild took {rebuild_s:.1f} s)", "",
                  "| strategy | R@10 incremental | R@10 rebuilt | difference (goal < 0.01) |", "|---|---|---|---|"]

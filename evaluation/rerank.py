@@ -15,19 +15,19 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from memory.benchmark import scratch_store
+from evaluation.common import consolidate_locomo, load_questions, paired_ci, recall_at, scratch_store
+from memory.errors import StoreError
 from memory.schemas import MEMORY_TABLES
-from retrieval.bench import consolidate_locomo, load_questions, recall_at
+from memory.settings import Settings
 from retrieval.rerank import GLOBAL, TrainConfig, load_latest, scope_key, train_reranker
 from retrieval.retriever import Retriever
-from retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 def split(questions: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
     """Even positions of each user's questions train, odd ones test."""
     seen: dict[str, int] = {}
-    train, test = [], []
+    train: list[int] = []
+    test: list[int] = []
     for i, q in enumerate(questions):
         n = seen.get(q["user"], 0)
         seen[q["user"]] = n + 1
@@ -143,16 +144,6 @@ def ceilings(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, tr
     return {k: float(np.mean(v)) if v else float("nan") for k, v in out.items()}
 
 
-def paired_ci(before: Sequence[float], after: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % bootstrap interval of the mean per-question difference after − before."""
-    d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
-    if d.size == 0:
-        return float("nan"), float("nan")
-    means = d[np.random.default_rng(seed).integers(0, d.size, size=(n, d.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
     model, _ = load_latest(r.store, key)
     if model is None:
@@ -171,34 +162,38 @@ def _bare_latency(r: Retriever, key: str, dim: int, n: int = 2000) -> float:
 
 def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = None, epochs: int | None = None,
                  scope: str = GLOBAL, reset: bool = False, explore: bool = True,
-                 settings: RetrievalSettings | None = None) -> str:
+                 settings: Settings | None = None) -> str:
+    """Steps 1-5 of the module docstring on `path`, in `store` (default: a temporary one).
+    `settings` (default `Settings()`) gives every knob but the store and the backend."""
+    cfg = settings or Settings()
     with scratch_store(store, "mnemo-rerank-") as root:
-        st, _ = consolidate_locomo(path, root, "rules")
+        st, _ = consolidate_locomo(path, root, "rules", cfg)
         if st.has_table("feedback") or st.has_table("rerankers"):
             if not reset:
-                raise SystemExit(f"{root} already holds feedback or rerankers; pass --reset to drop them")
+                raise StoreError(f"{root} already holds feedback or rerankers; pass --reset to drop them",
+                                 store=root)
             for name in ("feedback", "rerankers"):
                 if st.has_table(name):
                     st.drop_table(name)
-        base = settings or RetrievalSettings()
-        r = Retriever(st, base.with_overrides(rerank_scope=scope))
+        base = cfg.retrieval
+        r = Retriever(st, cfg.model_copy(update={"retrieval": base.with_overrides(rerank_scope=scope)}))
         questions = load_questions(path, st)
         vecs = r.embed([q["question"] for q in questions])
         train_idx, test_idx = split(questions)
         name = strategy or base.default_strategy
-        cfg = TrainConfig.from_settings(base, epochs=epochs)
-        epochs = cfg.epochs
+        train_cfg = TrainConfig.from_settings(base, epochs=epochs)
+        epochs = train_cfg.epochs
         lines = [f"LoCoMo {Path(path).name}: {len(questions)} questions (categories 1-4), "
                  f"train {len(train_idx)} / test {len(test_idx)} (alternating per conversation), "
                  f"strategy {name}, reranker scope {scope}, epochs {epochs}, "
                  f"feedback from {'Gumbel-sampled (explore)' if explore else 'deterministic'} top-5",
-                 "train config: " + ", ".join(f"{k}={v}" for k, v in asdict(cfg).items())]
+                 "train config: " + ", ".join(f"{k}={v}" for k, v in asdict(train_cfg).items())]
 
         t0 = time.perf_counter()
         collector = Retriever(st, r.settings.with_overrides(rerank_explore=True, rerank_seed=0),
                               embedder=r.embedder) if explore else r
         fb = simulate_feedback(collector, questions, vecs, train_idx, 5, name, explore)
-        reports = train_reranker(r, scope=scope, cfg=cfg, strategy=name)
+        reports = train_reranker(r, scope=scope, cfg=train_cfg, strategy=name)
         lines.append(f"feedback: {fb['posted']} queries posted, {fb['cited_share']:.3f} of shown items cited; "
                      f"training {time.perf_counter() - t0:.1f}s")
         lines += ["  " + rep.summary() for rep in reports]

@@ -1,0 +1,88 @@
+"""The `mnemo` command line, one module per thing a user does:
+
+- `ingest`: `mnemo ingest`
+- `consolidate`: `mnemo consolidate`, `mnemo backfill`
+- `inspect`: `mnemo stats`, `mnemo profile`, `mnemo graph`
+- `retrieve`: `mnemo retrieve`, `mnemo serve`, `mnemo train-reranker`
+- `bench`: every `mnemo bench ...`
+
+The root callback reads the settings once (`load_settings`: MNEMO_* variables, then the global
+--store) into `ctx.obj`; commands apply their flags on top and pass the Settings down. Bad input
+(any `MnemoError`, an invalid setting) ends in one line on stderr and exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, NoReturn, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from flows.cli import bench, consolidate, ingest, inspect, retrieve
+from flows.cli.context import console
+from memory.errors import ConfigError, MnemoError
+from memory.settings import load_settings
+
+__all__ = ["app", "bench_app", "main"]
+
+
+def _fail(message: str) -> NoReturn:
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _invalid(exc: ValidationError) -> str:
+    """One line for settings the environment got wrong: the first error, named by its variable."""
+    first = exc.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid setting {'.'.join(loc)} (MNEMO_{'_'.join(loc).upper()}): {first['msg']}{more}"
+
+
+class MnemoGroup(TyperGroup):
+    """The root command group: a `MnemoError` prints one line and exits 2."""
+
+    def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
+        try:
+            return super().invoke(ctx)
+        except MnemoError as exc:
+            _fail(str(exc))
+
+
+app = typer.Typer(cls=MnemoGroup, help="mnemo: long-term memory for LLM assistants.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    store: Optional[str] = typer.Option(None, "--store", help="LanceDB directory or URI [env MNEMO_STORE, default ./memstore]"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "sentence_transformers", "transformers", "distributed", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        ctx.obj = load_settings(store=store)
+    except ValidationError as exc:
+        raise ConfigError(_invalid(exc)) from None
+
+
+ingest.register(app)
+consolidate.register(app)
+inspect.register(app)
+retrieve.register(app)
+bench.register(bench_app)
+app.add_typer(bench_app, name="bench")
+
+
+def main() -> None:
+    """Console-script entry point (`mnemo`)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    app()

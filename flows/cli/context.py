@@ -1,0 +1,25 @@
+"""What every `mnemo` command shares: the Settings the root callback read, the stderr console,
+comma-separated lists."""
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from memory.errors import ConfigError
+from memory.settings import Settings
+
+#: progress bars and errors go to stderr, results to stdout
+console = Console(stderr=True)
+
+
+def settings_of(ctx: typer.Context) -> Settings:
+    """The Settings the root callback read from the environment and the global --store (`ctx.obj`)."""
+    found = ctx.find_object(Settings)
+    if found is None:
+        raise ConfigError("no settings in the command context: run commands through the `mnemo` app")
+    return found
+
+
+def csv(value: str | None) -> list[str]:
+    """The non-empty, stripped items of a comma-separated flag value."""
+    return [v.strip() for v in value.split(",") if v.strip()] if value else []

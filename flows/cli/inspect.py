@@ -1,0 +1,73 @@
+"""`mnemo stats`, `mnemo profile USER` and `mnemo graph USER --html FILE`: looking at what the
+store holds (counts per user and kind, MemWeaver's profile and phases, the memory graph)."""
+from __future__ import annotations
+
+import json
+
+import typer
+
+from flows.cli.context import settings_of
+
+
+def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="machine-readable counts")) -> None:
+    """Counts per user and memory kind."""
+    from memory.read import stats as store_stats
+    from memory.runs import open_store
+
+    settings = settings_of(ctx)
+    data = store_stats(open_store(settings))
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    users = data["users"]
+    kinds = sorted({k for row in users.values() for k in row})
+    table = Table("user", *kinds, title=f"store {settings.store}")
+    for user, row in users.items():
+        table.add_row(user, *(str(row.get(k, 0)) for k in kinds))
+    Console().print(table)
+    typer.echo(f"{len(users)} users")
+
+
+def profile(ctx: typer.Context, user: str = typer.Argument(..., help="user id")) -> None:
+    """Print a user's global profile and its phases with their date ranges."""
+    from memory.ids import validate_user_id
+    from memory.read import read_profile
+    from memory.runs import open_store
+
+    prof, phases = read_profile(open_store(settings_of(ctx)), validate_user_id(user))
+    if prof is None and not phases:
+        typer.echo(f"no profile for user {user!r}: consolidate its sessions first")
+        raise typer.Exit(1)
+    if prof is not None:
+        typer.echo(f"Profile of {user} ({prof['date']}, from {len(phases)} phases):")
+        typer.echo(prof["content"])
+    typer.echo(f"\nPhases ({len(phases)}):")
+    for i, p in enumerate(phases, 1):
+        typer.echo(f"{i:>3}. {p['date']:<24} {p['n_items']:>3} fragments  {' '.join(p['content'].split())}")
+
+
+def graph(
+    ctx: typer.Context,
+    user: str = typer.Argument(..., help="user id"),
+    html: str = typer.Option(..., "--html", help="write the interactive page to this file"),
+) -> None:
+    """Write one self-contained interactive HTML page of a user's memory graph (works offline)."""
+    from memory.graph_html import write_html
+    from memory.ids import validate_user_id
+    from memory.runs import open_store
+
+    drawn = write_html(open_store(settings_of(ctx)), validate_user_id(user), html)
+    if drawn["nodes"] == 0:
+        typer.echo(f"user {user!r} has no graph yet: consolidate its sessions first", err=True)
+    typer.echo(f"wrote {html}: {drawn['nodes']} nodes, {drawn['edges']} temporal edges, "
+               f"{drawn['clusters']} clusters, {drawn['phases']} phases")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `stats`, `profile` and `graph` to the app."""
+    app.command()(stats)
+    app.command()(profile)
+    app.command()(graph)

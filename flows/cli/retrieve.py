@@ -1,0 +1,86 @@
+"""`mnemo retrieve`, `mnemo serve` and `mnemo train-reranker`: the online side over a store.
+
+The retriever opens the store of the root settings with their `retrieval` section (read from
+`MNEMO_RETRIEVAL_*`); command flags override that section or the single call.
+"""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from flows.cli.context import settings_of
+from memory.settings import Settings
+
+if TYPE_CHECKING:
+    from retrieval.retriever import Retriever
+
+
+def open_retriever(settings: Settings) -> "Retriever":
+    """The retriever of these settings (their store and `retrieval` section)."""
+    from retrieval.retriever import Retriever
+
+    return Retriever.open(settings.store, settings)
+
+
+def retrieve(
+    ctx: typer.Context,
+    user: str = typer.Argument(..., help="user id"),
+    query: str = typer.Argument(..., help="the question"),
+    k: Optional[int] = typer.Option(None, "--k", help="items to return [default 10]"),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="dense | familiarity | recollection | "
+                                           "rfmem | hybrid | rfmem-hybrid | calibrated [default: best]"),
+    as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON"),
+    max_tokens: int = typer.Option(1500, "--max-tokens", help="token budget of the printed context"),
+) -> None:
+    """Retrieve one user's memories for a query and print them (or their context)."""
+    res = open_retriever(settings_of(ctx)).retrieve(user, query, k=k, strategy=strategy)
+    if as_json:
+        typer.echo(json.dumps(res.to_dict(), indent=2, default=str))
+        return
+    t = res.signals.get("timings", {})
+    typer.echo(f"{len(res.items)} items, strategy {res.strategy}, route {res.route}, "
+               f"retrieval {t.get('retrieve_ms', 0):.1f} ms (+ embedding {t.get('embed_ms', 0):.1f} ms)")
+    for i, it in enumerate(res.items):
+        typer.echo(f"{i:>2} {it.score:6.3f} {it.kind:<9} [{it.date or ''}] {it.text[:120]}")
+    if res.items:
+        typer.echo("\n" + res.context(max_tokens=max_tokens))
+
+
+def serve(
+    ctx: typer.Context,
+    host: Optional[str] = typer.Option(None, "--host", help="bind address [default 127.0.0.1]"),
+    port: Optional[int] = typer.Option(None, "--port", help="port [default 8765]"),
+) -> None:
+    """Serve retrieval over HTTP (FastAPI; docs at /docs). MNEMO_API_KEY turns on bearer auth."""
+    from retrieval.service import serve as run
+
+    base = settings_of(ctx)
+    settings = base.model_copy(update={"retrieval": base.retrieval.with_overrides(host=host, port=port)})
+    r = open_retriever(settings)
+    run(r, settings.retrieval.host, settings.retrieval.port)
+
+
+def train_reranker(
+    ctx: typer.Context,
+    scope: str = typer.Option("global", "--scope", help="global | user (one version per user with feedback)"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="passes over the new feedback "
+                                         "[default: settings rerank_epochs]"),
+) -> None:
+    """Train the next reranker version from the feedback newer than the last one (the flow's
+    `train` task, alone)."""
+    from memory.runs import new_run_id
+    from retrieval.rerank import TrainConfig, train_reranker as train
+
+    r = open_retriever(settings_of(ctx))
+    cfg = TrainConfig.from_settings(r.settings, epochs=epochs)
+    for rep in train(r, scope=scope, cfg=cfg, run_id=new_run_id("train")):
+        typer.echo(rep.summary())
+
+
+def register(app: typer.Typer) -> None:
+    """Add `retrieve`, `serve` and `train-reranker` to the app."""
+    app.command()(retrieve)
+    app.command()(serve)
+    app.command("train-reranker")(train_reranker)

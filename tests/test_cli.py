@@ -1,0 +1,189 @@
+"""The `mnemo` command line (flows/cli/): every command registered, bad input ends in one line and
+exit code 2 (never a traceback), and flags override the environment in the Settings a command
+hands down."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from flows.cli import app
+from memory.settings import Settings
+from tests.helpers import REPO, SAMPLE
+
+#: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
+COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "retrieve", "serve",
+            "train-reranker", "bench"}
+BENCHES = {"consolidate", "locomo", "retrieval", "incremental", "rerank"}
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_every_command_is_registered_and_in_the_help() -> None:
+    root = typer.main.get_command(app)
+    assert set(root.commands) == COMMANDS  # type: ignore[attr-defined]
+    assert set(root.commands["bench"].commands) == BENCHES  # type: ignore[attr-defined]
+    out = invoke("--help")
+    assert out.exit_code == 0, out.output
+    for name in COMMANDS:
+        assert f" {name} " in out.output, name
+    bench = invoke("bench", "--help")
+    assert bench.exit_code == 0, bench.output
+    for name in BENCHES:
+        assert f" {name} " in bench.output, name
+
+
+def test_a_missing_command_module_is_an_import_error() -> None:
+    """Registration is explicit: without one of its modules the CLI does not load at all."""
+    code = "import sys; sys.modules['flows.cli.inspect'] = None; import flows.cli"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "ImportError" in res.stderr or "ModuleNotFoundError" in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("ingest", "{tmp}/missing.json", "--format", "locomo"), "archive not found"),
+    (("ingest", str(SAMPLE), "--format", "nope"), "unknown archive format 'nope'"),
+    (("profile", "bad id!"), "invalid user id"),
+    (("graph", "../etc", "--html", "{tmp}/g.html"), "invalid user id"),
+    (("retrieve", "alice", "my dog", "--strategy", "nope"), "unknown retrieval strategy: 'nope'"),
+    (("consolidate", "--engine", "nope"), "unknown engine 'nope'"),
+    (("bench", "locomo", "{tmp}/missing.json", "--extraction", "nope"), "unknown extraction 'nope'"),
+])
+def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
+    assert out.exit_code == 2, out.output
+    assert isinstance(out.exception, SystemExit)
+    assert out.stderr.startswith("error: ") and message in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("variable, value, where", [("MNEMO_THETA", "abc", "theta"),
+                                                    ("MNEMO_RETRIEVAL_K", "0", "retrieval.k")])
+def test_a_bad_environment_value_is_one_line_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 variable: str, value: str, where: str) -> None:
+    monkeypatch.setenv(variable, value)
+    out = invoke("--store", str(tmp_path / "store"), "stats", "--json")
+    assert out.exit_code == 2, out.output
+    assert out.stderr.startswith(f"error: invalid setting {where} ({variable}): ") and out.stderr.count("\n") == 1
+
+
+def test_a_bad_flag_value_is_a_usage_error(tmp_path: Path) -> None:
+    out = invoke("bench", "locomo", str(tmp_path / "x.json"), "--k", "five")
+    assert out.exit_code == 2 and "--k" in out.output and "Traceback" not in out.output
+
+
+@pytest.fixture
+def flows_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Settings, dict[str, Any]]]:
+    """`run_flow` replaced by a recorder of what the CLI hands it."""
+    import flows.consolidate
+
+    seen: list[tuple[str, Settings, dict[str, Any]]] = []
+
+    def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
+        seen.append((name, settings, params))
+        return {"summary": f"{name} summary", "ingest": "ingest summary"}
+
+    monkeypatch.setattr(flows.consolidate, "run_flow", run_flow)
+    return seen
+
+
+def test_consolidate_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    flows_seen: list[tuple[str, Settings, dict[str, Any]]]) -> None:
+    monkeypatch.setenv("MNEMO_THETA", "0.7")
+    monkeypatch.setenv("MNEMO_LLM", "openai")
+    monkeypatch.setenv("MNEMO_STORE", str(tmp_path / "from-env"))
+    monkeypatch.setenv("MNEMO_RETRIEVAL_K", "7")
+    store = str(tmp_path / "from-flag")
+    out = invoke("--store", store, "consolidate", "--llm", "replay", "--users", "b, a,", "--rebuild-graph",
+                 "--dask-local", "3")
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "consolidate summary\n"
+    [(name, settings, params)] = flows_seen
+    assert name == "consolidate" and params == {"users": ["b", "a"]}
+    assert isinstance(settings, Settings)
+    assert settings.theta == 0.7 and settings.retrieval.k == 7           # the environment reaches the flow
+    assert settings.llm == "replay" and settings.store == store          # flags win over it
+    assert settings.rebuild_graph is True and settings.dask_local == 3
+    assert Settings().theta == 0.6                                       # defaults never read it
+
+
+def test_backfill_hands_its_archive_and_settings_to_the_flow(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        flows_seen: list[tuple[str, Settings, dict[str, Any]]]) -> None:
+    monkeypatch.setenv("MNEMO_LLM_MODEL", "env-model")
+    monkeypatch.setenv("MNEMO_SHARD_SIZE", "3")
+    out = invoke("--store", str(tmp_path / "store"), "backfill", str(SAMPLE), "-f", "jsonl",
+                 "--llm-model", "flag-model")
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "ingest summary\nbackfill summary\n"
+    [(name, settings, params)] = flows_seen
+    assert name == "backfill"
+    assert params == {"path": str(SAMPLE), "fmt": "jsonl", "observations_as_fragments": False}
+    assert settings.llm_model == "flag-model" and settings.shard_size == 3
+
+
+def test_commands_use_the_store_the_environment_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env_store = str(tmp_path / "env-store")
+    empty = invoke("--store", env_store, "stats", "--json")
+    assert empty.exit_code == 0 and empty.stdout == '{\n  "users": {}\n}\n'
+    monkeypatch.setenv("MNEMO_STORE", env_store)
+    ingested = invoke("ingest", str(SAMPLE), "--format", "jsonl")
+    assert ingested.exit_code == 0, ingested.output
+    assert "67 added" in ingested.stdout
+    monkeypatch.setenv("MNEMO_STORE", str(tmp_path / "elsewhere"))
+    counted = invoke("--store", env_store, "stats", "--json")
+    assert counted.exit_code == 0, counted.output
+    assert '"messages": ' in counted.stdout and len(json.loads(counted.stdout)["users"]) == 2
+
+
+def test_serve_flags_override_the_retrieval_section(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import flows.cli.retrieve as cli_retrieve
+    import retrieval.service
+
+    opened: list[Settings] = []
+    served: list[tuple[object, str, int]] = []
+
+    def open_retriever(settings: Settings) -> object:
+        opened.append(settings)
+        return "retriever"
+
+    monkeypatch.setattr(cli_retrieve, "open_retriever", open_retriever)
+    monkeypatch.setattr(retrieval.service, "serve", lambda r, host, port: served.append((r, host, port)))
+    monkeypatch.setenv("MNEMO_RETRIEVAL_HOST", "0.0.0.0")
+    monkeypatch.setenv("MNEMO_RETRIEVAL_PORT", "9000")
+    monkeypatch.setenv("MNEMO_RETRIEVAL_TAU", "0.5")
+    out = invoke("--store", str(tmp_path / "store"), "serve", "--port", "9100")
+    assert out.exit_code == 0, out.output
+    assert served == [("retriever", "0.0.0.0", 9100)]
+    [settings] = opened
+    assert settings.retrieval.port == 9100 and settings.retrieval.tau == 0.5
+    assert settings.store == str(tmp_path / "store")
+
+
+def test_bench_gets_the_root_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import evaluation.locomo
+
+    calls: list[dict[str, Any]] = []
+
+    def bench_locomo(path: str, **kw: Any) -> str:
+        calls.append(dict(kw, path=path))
+        return "figures"
+
+    monkeypatch.setattr(evaluation.locomo, "bench_locomo", bench_locomo)
+    monkeypatch.setenv("MNEMO_RETRIEVAL_LEXICAL_WEIGHT", "0.4")
+    out = invoke("bench", "locomo", "data.json", "--k", "1, 3", "--strategies", "dense,walk")
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "figures\n"
+    [kw] = calls
+    assert kw["path"] == "data.json" and kw["ks"] == [1, 3] and kw["strategies"] == ["dense", "walk"]
+    assert kw["extraction"] == "rules" and kw["store"] is None
+    assert kw["settings"].retrieval.lexical_weight == 0.4
