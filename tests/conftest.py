@@ -3,6 +3,7 @@ once per session (tests get private copies), the embedder, one Prefect test serv
 and a real uvicorn server on loopback for HTTP tests."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -17,6 +18,14 @@ from memory.embed import Embedder, get_embedder
 from memory.runs import RunReport
 from memory.store import Store
 from tests.helpers import SampleSplit, build_consolidated, build_split, copy_store
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the `MNEMO_*` settings of the shell that runs it (a test sets what it needs)."""
+    for name in list(os.environ):
+        if name.startswith("MNEMO_"):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture

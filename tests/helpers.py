@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import pytest
 
 from memory.ingest import ingest
-from memory.runs import RunReport, consolidate, open_store, stats
+from memory.read import stats
+from memory.runs import RunReport, consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
 

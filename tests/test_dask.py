@@ -28,22 +28,25 @@ def test_task_runner_choice() -> None:
 
 
 def test_dask_cluster_equals_threads(prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings reach the workers as data: the workers inherit an environment asking for θ = 0.99 (no
+    links at all), the flow is handed θ = 0.6, and both runners link with 0.6."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the worker processes inherit it
+    monkeypatch.setenv("MNEMO_THETA", "0.99")
     results: dict[str, dict[str, Any]] = {}
     stores: dict[str, Store] = {}
     for kind, extra in (("threads", {}), ("dask", {"dask_local": 2})):
         root = tmp_path / kind
-        settings = Settings(store=str(root), **extra)
+        # one user per shard, so the stages of different shards run side by side on the workers
+        settings = Settings(store=str(root), shard_size=1, theta=0.6, **extra)
         stores[kind] = open_store(settings)
         assert ingest(stores[kind], SAMPLE, "jsonl").users
-        # one user per shard, so the stages of different shards run side by side on the workers
-        results[kind] = run_flow("consolidate", settings, users=None,
-                                 overrides={"store": str(root), "shard_size": 1})
+        results[kind] = run_flow("consolidate", settings, users=None)
 
     threads, dask = memory_snapshot(stores["threads"]), memory_snapshot(stores["dask"])
     assert dask == threads
     users = dask["stats"]["users"]
     assert users and all(row["fragments"] > 0 for row in users.values())
+    assert sum(row["links"] for row in users.values()) > 0, "θ came from the environment, not the flow"
     assert results["dask"]["counts"] == results["threads"]["counts"]
     for kind, store in stores.items():
         runs = [r for r in store.read("runs").to_pylist() if r["kind"] != "ingest"]

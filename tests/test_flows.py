@@ -19,7 +19,8 @@ import flows.consolidate as fc
 from memory.errors import LLMError
 from memory.ingest import ingest
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
-from memory.runs import open_store, stats
+from memory.read import stats
+from memory.runs import open_store
 from memory.settings import Settings
 from memory.store import Store
 from tests.helpers import SAMPLE, memory_snapshot, unique_ids

@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from memory.ingest import ingest
-from memory.runs import open_store, stats
+from memory.read import stats
+from memory.runs import open_store
 from memory.settings import Settings
 from tests.helpers import REPO, SAMPLE
 
