@@ -197,11 +197,13 @@ def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] |
 
 @flow(name="backfill", task_runner=ThreadPoolTaskRunner(max_workers=2))
 def backfill_flow(path: str, fmt: str, overrides: dict[str, Any] | None = None,
-                  observations_as_fragments: bool = False, settings: Settings | None = None) -> dict[str, Any]:
+                  observations_as_fragments: bool = False, settings: Settings | None = None,
+                  user_id: str | None = None) -> dict[str, Any]:
     """A whole archive: ingest it, then consolidate its users shard by shard. Resumable: a re-run
     skips what was committed (watermarks) and re-pays no LLM call (response cache)."""
     resolved = resolve_settings(settings, overrides)
-    report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments)
+    report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments,
+                    user_id=user_id)
     get_run_logger().info(report.summary())
     result = _run("backfill", report.users or None, resolved)
     result["ingest"] = report.summary()

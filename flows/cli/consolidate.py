@@ -53,9 +53,10 @@ def consolidate(
 
 def backfill(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="archive file"),
-    fmt: str = typer.Option(..., "--format", "-f", help="locomo | longmemeval | jsonl | parquet"),
+    path: str = typer.Argument(..., help="archive file (beam: a chat.json or a folder of SCALE/N/chat.json)"),
+    fmt: str = typer.Option(..., "--format", "-f", help="locomo | longmemeval | jsonl | parquet | beam"),
     observations_as_fragments: bool = typer.Option(False, "--observations-as-fragments"),
+    user: Optional[str] = typer.Option(None, "--user", help="beam: the user id of a single chat"),
     llm: Optional[str] = typer.Option(None, "--llm"),
     llm_model: Optional[str] = typer.Option(None, "--llm-model"),
     dask_local: Optional[int] = typer.Option(None, "--dask-local"),
@@ -66,7 +67,8 @@ def backfill(
 
     settings = settings_of(ctx).with_overrides(llm=llm, llm_model=llm_model, dask_local=dask_local,
                                                dask_address=dask_address)
-    result = run_flow("backfill", settings, path=path, fmt=fmt, observations_as_fragments=observations_as_fragments)
+    result = run_flow("backfill", settings, path=path, fmt=fmt, observations_as_fragments=observations_as_fragments,
+                      user_id=user)
     typer.echo(result["ingest"])
     typer.echo(result["summary"])
 

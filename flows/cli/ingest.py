@@ -1,6 +1,8 @@
 """`mnemo ingest`: validate an archive and load it into the store."""
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from flows.cli.context import settings_of
@@ -8,16 +10,19 @@ from flows.cli.context import settings_of
 
 def ingest(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="archive file"),
-    fmt: str = typer.Option(..., "--format", "-f", help="locomo | longmemeval | jsonl | parquet"),
+    path: str = typer.Argument(..., help="archive file (beam: a chat.json or a folder of SCALE/N/chat.json)"),
+    fmt: str = typer.Option(..., "--format", "-f", help="locomo | longmemeval | jsonl | parquet | beam"),
     observations_as_fragments: bool = typer.Option(False, "--observations-as-fragments",
                                                    help="LoCoMo: import recorded observations as fragments"),
+    user: Optional[str] = typer.Option(None, "--user", help="beam: the user id of a single chat "
+                                       "(default beam-<SCALE>-<N> from its folders)"),
 ) -> None:
     """Validate and load an archive into the store; bad rows are quarantined with their reason."""
     from memory.ingest import ingest as do_ingest
     from memory.runs import open_store
 
-    report = do_ingest(open_store(settings_of(ctx)), path, fmt, observations_as_fragments=observations_as_fragments)
+    report = do_ingest(open_store(settings_of(ctx)), path, fmt, observations_as_fragments=observations_as_fragments,
+                       user_id=user)
     typer.echo(report.summary())
 
 
