@@ -11,18 +11,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from memory.settings import RetrievalSettings
     from retrieval.citations import citation_prompt, parse_citations
     from retrieval.context import build_context
     from retrieval.retriever import RetrievalResult, RetrievedItem, Retriever, UnknownStrategyError
-    from retrieval.settings import RetrievalSettings
     from retrieval.strategies import STRATEGIES
 
-#: exported name -> submodule; loaded on first access (PEP 562) so that `import retrieval.cli` (every
-#: `mnemo` command) does not load LanceDB and scikit-learn before a command needs them
+#: exported name -> module; loaded on first access (PEP 562) so that importing one light submodule
+#: (`retrieval.rfmem`, `retrieval.citations`) does not load LanceDB and scikit-learn with the retriever
 _EXPORTS = {
-    "RetrievalResult": "retriever", "RetrievedItem": "retriever", "Retriever": "retriever",
-    "UnknownStrategyError": "retriever", "RetrievalSettings": "settings", "STRATEGIES": "strategies",
-    "build_context": "context", "citation_prompt": "citations", "parse_citations": "citations",
+    "RetrievalResult": "retrieval.retriever", "RetrievedItem": "retrieval.retriever",
+    "Retriever": "retrieval.retriever", "UnknownStrategyError": "retrieval.retriever",
+    "RetrievalSettings": "memory.settings", "STRATEGIES": "retrieval.strategies",
+    "build_context": "retrieval.context", "citation_prompt": "retrieval.citations",
+    "parse_citations": "retrieval.citations",
 }
 
 
@@ -30,7 +32,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'retrieval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"retrieval.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -5,9 +5,8 @@ granularity (Appendix B); Appendix D.10 shows the routing shifts with the embedd
 levels differ between turns, fragments and insights. We probe the user's memory with a sample of
 its own rows as pseudo-queries (each row's own score left out), compute (s̄, H) of every probe as
 the gate would, and place θ_high, θ_low and τ at quantiles of those distributions
-(`calib_high_q`, `calib_low_q`, `calib_tau_q`). Memory-to-memory probes score higher than real
-questions do, so the means are shifted by `calib_shift` (the median gap measured on LoCoMo, see
-bench/RESULTS.md). One (S × M) matrix product; S = `calibration_samples`.
+(`calib_high_q`, `calib_low_q`, `calib_tau_q`). Memory-to-memory probes can score higher than real
+questions do; `calib_shift` (default 0) is subtracted from the probe means to allow for that gap. One (S × M) matrix product; S = `calibration_samples`.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import logging
 import numpy as np
 
 from retrieval import rfmem
-from retrieval.settings import RetrievalSettings
+from memory.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 

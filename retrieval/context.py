@@ -11,6 +11,8 @@ import math
 import re
 from typing import Any, Iterable, Protocol
 
+from memory.read import PROFILE_KEY
+
 TOKENS_PER_WORD = 1.3
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -42,10 +44,6 @@ def format_item(item: _Item) -> str:
     if item.key and not text.lower().startswith(item.key.lower()):
         text = f"{item.key}: {text}"
     return f"[{date}] ({item.kind}) {text}"
-
-
-#: the key of a user's global profile (MemWeaver cognitive memory, memory/summarize.py)
-PROFILE_KEY = "user profile"
 
 
 def is_profile(item: Any) -> bool:

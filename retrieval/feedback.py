@@ -4,7 +4,8 @@ The one online write of the retriever. A record is scoped to its user and valida
 stored: the query is non-empty, `shown_ids` are distinct ids of memories retrievable for that user
 (any searchable kind), `cited_ids` ⊆ `shown_ids`. Writes go through one lock per process (one
 writer per table); the id is a hash of (user, query, shown, cited), so a retried POST is stored
-once. The nightly `train` stage reads the records newer than the last reranker version.
+once. The nightly `train` task (`retrieval.rerank.train`) reads the records newer than the last
+reranker version.
 """
 from __future__ import annotations
 

@@ -1,20 +1,20 @@
 """One user's searchable memory, loaded once from LanceDB and cached by table versions.
 
-A `UserIndex` holds the unit vectors of every searchable row (messages with a vector, fragments,
-insights; later summaries and topics) as one float32 matrix, the rows' metadata as one Arrow
-table (materialized only for the items a query returns), and, built on first use, the BM25
-index and the per-user gate calibration. `IndexCache` re-reads table versions at most every
+A `UserIndex` holds the unit vectors of every searchable row (the tables of
+`schemas.MEMORY_TABLES`: messages with a vector, fragments, insights, summaries, topics) as one
+float32 matrix, the rows' metadata as one Arrow table (materialized only for the items a query
+returns), and, built on first use, the BM25 index and the per-user gate calibration. `IndexCache` re-reads table versions at most every
 `refresh_ms` and drops every cached user when a memory table moved (consolidation wrote).
 """
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,8 @@ from memory.store import Store
 from retrieval.lexical import BM25Index
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 META = pa.schema([("id", pa.string()), ("kind", pa.string()), ("text", pa.string()), ("key", pa.string()),
                   ("date", pa.string()), ("source_ids", pa.list_(pa.string())),
@@ -58,12 +60,13 @@ class UserIndex:
                 self._lexical = BM25Index(self.meta.column("text"), k1=k1, b=b)
             return self._lexical
 
-    def memo(self, key: str, build: Any) -> Any:
-        """A per-user value computed once (calibrations, kind masks)."""
+    def memo(self, key: str, build: Callable[[], T]) -> T:
+        """A per-user value computed once (calibrations, kind masks, the graph); one key, one type."""
         with self._lock:
             if key not in self._extra:
                 self._extra[key] = build()
-            return self._extra[key]
+            value: T = self._extra[key]
+            return value
 
     def row_of_id(self) -> dict[str, int]:
         """memory id -> row, built on first use (feedback validation, reranker candidates, the graph)."""

@@ -1,7 +1,7 @@
 """The lexical channel: Okapi BM25 over one user's memory texts, scored in NumPy.
 
-Tokenization runs in Polars (Rust: lowercase, regex split, explode, hash), so indexing
-10k memories takes milliseconds and fits in a cold query; the index is a SciPy CSC matrix of
+Tokenization runs in Polars (Rust: lowercase, regex split, explode, hash), so indexing a
+user's memories fits in a cold query; the index is a SciPy CSC matrix of
 precomputed BM25 term weights, so scoring a query is one sparse column sum over its terms.
 Why not a search engine: a tantivy or LanceDB FTS index lives per table, not per user, and answers
 top hits only; fusion with the dense channel wants a score for every candidate row, and the

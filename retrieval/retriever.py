@@ -14,15 +14,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from memory.embed import Embedder
+from memory.embed import Embedder, embedder_for
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
-from memory.settings import Settings
+from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
+from retrieval.context import build_context
 from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
-from retrieval.rerank import GLOBAL, Reranker, RerankerCache, scope_key
-from retrieval.settings import RetrievalSettings
+from retrieval.rerank.model import GLOBAL, Reranker, RerankerCache, scope_key
 from retrieval.strategies import STRATEGIES, Query, novel_order, profile_row
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,6 @@ class RetrievalResult:
 
     def context(self, max_tokens: int = 1500) -> str:
         """Prompt-ready memory text: chronological, dated, within `max_tokens` (see context.py)."""
-        from retrieval.context import build_context
-
         return build_context(self.items, max_tokens=max_tokens, profile=self.profile)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,14 +84,19 @@ class RetrievalResult:
 
 
 class Retriever:
-    """Retrieval over one store; thread-safe; one instance per process is enough."""
+    """Retrieval over one store; thread-safe; one instance per process is enough.
 
-    def __init__(self, store: Store, settings: RetrievalSettings | None = None,
-                 embedder: Embedder | None = None, mnemo_settings: Settings | None = None) -> None:
+    `settings` is the whole `Settings` (its `retrieval` section configures the retriever, the rest
+    picks the embedder) or the `RetrievalSettings` section alone (the embedder is then the default
+    one for the store); None means the defaults. `r.settings` is the retrieval section."""
+
+    def __init__(self, store: Store, settings: Settings | RetrievalSettings | None = None,
+                 embedder: Embedder | None = None) -> None:
         self.store = store
-        self.settings = settings or RetrievalSettings()
+        self._mnemo = settings if isinstance(settings, Settings) else None
+        self.settings: RetrievalSettings = (settings.retrieval if isinstance(settings, Settings)
+                                            else settings or RetrievalSettings())
         self._embedder = embedder
-        self._mnemo = mnemo_settings
         s = self.settings
         self.cache = IndexCache(store, s.refresh_ms,
                                 lexical=(s.bm25_k1, s.bm25_b) if s.lexical_weight > 0 else None)
@@ -106,23 +109,20 @@ class Retriever:
             raise UnknownStrategyError(self.settings.default_strategy)
 
     @classmethod
-    def open(cls, store: str | Store, settings: RetrievalSettings | None = None, *,
-             embedder: Embedder | None = None, mnemo_settings: Settings | None = None) -> "Retriever":
-        """A retriever over a store path / URI (or an open Store), with the store's embedder."""
+    def open(cls, store: str | Store, settings: Settings | None = None, *,
+             embedder: Embedder | None = None) -> "Retriever":
+        """A retriever over a store path / URI (or an open Store), with the embedder `settings` name
+        (default: the store's default embedder)."""
         if isinstance(store, Store):
-            return cls(store, settings, embedder, mnemo_settings)
-        mnemo = mnemo_settings or Settings(store=str(store))
+            return cls(store, settings, embedder)
+        settings = settings or Settings(store=str(store))
         if embedder is None:
-            from memory.pipeline import embedder_for
-
-            embedder = embedder_for(mnemo)
-        return cls(Store(str(store), dim=embedder.dim, consistency_s=None), settings, embedder, mnemo)
+            embedder = embedder_for(settings)
+        return cls(Store(str(store), dim=embedder.dim, consistency_s=None), settings, embedder)
 
     @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
-            from memory.pipeline import embedder_for
-
             self._embedder = embedder_for(self._mnemo or Settings(store=self.store.uri))
         return self._embedder
 
@@ -217,8 +217,11 @@ class Retriever:
                 order, sc = model.sample(vec, m, prior, rows.size, self._explore_rng)
         else:
             order, sc = model.rerank(vec, m, prior, rows.size)
-        sources = index.meta.column("source_ids").take(rows[order]).to_pylist() if dedupe else None
-        keep = novel_order(sources, np.arange(order.size), top_m) if dedupe else np.arange(min(top_m, order.size))
+        if dedupe:
+            sources = index.meta.column("source_ids").take(rows[order]).to_pylist()
+            keep = novel_order(sources, np.arange(order.size), top_m)
+        else:
+            keep = np.arange(min(top_m, order.size))
         order, sc = order[keep], sc[keep]
         timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
         signals["reranker"] = {"version": model.version, "scope": model.scope, "candidates": int(rows.size),

@@ -5,7 +5,8 @@
     POST /v1/users/{user_id}/context       {"query", "k", "strategy", "max_tokens"} -> context text
     POST /v1/users/{user_id}/feedback      {"query", "shown_ids", "cited_ids"} -> stored record id (RMM)
 
-When an API key is configured (MNEMO_API_KEY) every /v1 call needs `Authorization: Bearer <key>`
+When an API key is configured (`RetrievalSettings.api_key`, read from MNEMO_API_KEY by
+`memory.settings.load_settings`) every /v1 call needs `Authorization: Bearer <key>`
 (401 otherwise). HTTP codes are chosen here only: malformed user id, unknown strategy or bad body
 422; query longer than `max_query_chars` 413; unknown users get an empty result (200).
 """

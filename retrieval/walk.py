@@ -1,5 +1,7 @@
 """MemWeaver's context-aware random walk (Yu et al. §3.3.1, Eq. 2) over one user's memory graph.
 
+The algorithm and the graph it walks; `retrieval.strategies.walk` turns a walk into a ranking.
+
 From node u the walk moves to a neighbour v (a temporal neighbour; optionally any node of u's K-means
 cluster, see below) with probability proportional to
 
@@ -20,43 +22,21 @@ the same query gives the same walk. Eq. 2 and its α, λ1, λ2 and 10 steps are 
 is ours, chosen on the LoCoMo dev split (bench/RESULTS.md), one setting for both extractions:
 
 * **Seeds and walks:** `walks` = 5 walks start from each of the `seeds` = 3 best-ranked graph nodes
-  (fragments and insights; raw messages and topics are not nodes): the cosine ranking for `walk`,
-  the hybrid one (dense + BM25 + kind weights) for `hybrid-walk`. Before each step a walk jumps back
-  to its seed with probability `restart` = 0.3, so visits concentrate around the seeds.
-* **Neighbours: temporal edges only** (`WalkParams.cluster` = False). The stored K-means clusters
-  (K = 5 per user) hold ~100 nodes each, so a cluster neighbourhood is "everything similar", and
-  Eq. 2 over it draws destinations by cos(q, v)^1.5, i.e. re-samples the cosine ranking: with
-  cluster mates the walk was within −0.011 / +0.006 R@10 of its start in every setting tried
-  (seeds, walks, restart, merge, bonus 0.01-0.05). Along temporal edges (consecutive nodes: the
-  next and previous memory of the conversation) Eq. 2 picks the more relevant and more recent side
-  and the walk explores the turns around each top hit, which one-shot search cannot see.
-* **Merge:** every row keeps its starting score; the raw messages (kind "message") cited in the
-  `source_ids` of each walked non-seed node gain `bonus` = 0.1 × its visits / the most visits of any
-  such node (`MERGE`): Recall is counted over source message ids, and a raw turn spends one id of
-  the K-id budget where a topic or insight spends several. The result is deduplicated like the
-  hybrid strategies (a memory whose every source is already cited above it is skipped), because a
-  boosted turn often repeats a fragment ranked above it.
+  (fragments and insights; raw messages and topics are not nodes). Before each step a walk jumps
+  back to its seed with probability `restart` = 0.3, so visits concentrate around the seeds.
+* **Neighbours: temporal edges only** (`WalkParams.cluster` = False). A stored K-means cluster holds
+  a large share of a user's nodes, so a cluster neighbourhood is "everything similar", and Eq. 2
+  over it draws destinations by cos(q, v)^1.5, i.e. re-samples the cosine ranking. Along temporal
+  edges (consecutive nodes: the next and previous memory of the conversation) Eq. 2 picks the more
+  relevant and more recent side and the walk explores the turns around each top hit, which one-shot
+  search cannot see.
 
-Measured (LoCoMo dev5, R@10 overall / multi-hop; rules | observations extraction): `rfmem`
-0.6386 / 0.4375 | 0.6739 / 0.4643; the walk's start (cosine ranking, deduplicated, bonus 0) 0.6502 /
-0.4535 | 0.6786 / 0.4751; `walk` 0.6616 / 0.4618 | 0.6825 / 0.4680 (R@5 0.5687 | 0.5865 vs start
-0.5580 | 0.5777). So the walk adds +0.011 | +0.004 R@10 and +0.011 | +0.009 R@5 over its start,
-+0.008 | −0.007 multi-hop (its context turns displace some cross-session evidence on observations);
-the rest of the gain over `rfmem` is the deduplication. With cluster mates as neighbours too:
-0.6517 / 0.4476 | 0.6818 / 0.4570; boosting the walked nodes themselves instead of their turns
-0.6659 / 0.4635 | 0.6834 / 0.4491; bonus 0.05: 0.6555 / 0.4570 | 0.6838 / 0.4751; one walk per
-seed without restart: 0.6575 / 0.4608 | 0.6838 / 0.4751. Not a walk-specific effect: boosting
-by a flat 0.02-0.1 every item citing a turn within ±2 turns of the top-3 hits' turns scores
-0.664-0.676 | 0.684-0.692 R@10 (multi-hop 0.474-0.491 | 0.437-0.465) in an offline check; the
-walk is one way to reach those turns, weighted by Eq. 2.
-
-The graph (stored by `memory.weave`: cluster membership in `graph_nodes`, temporal edges in
-`graph_edges`) is loaded once per user index and cached with it.
+The graph (stored by the weave stage: cluster membership in `graph_nodes`, temporal edges in
+`graph_edges`, read through `memory.read.load_graph`) is loaded once per user index and cached with it.
 """
 from __future__ import annotations
 
 import hashlib
-import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -64,14 +44,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from typing import TYPE_CHECKING
-
+from memory.read import load_graph
 from retrieval.index import UserIndex
-
-if TYPE_CHECKING:
-    from retrieval.strategies import Query
-
-log = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -154,7 +128,7 @@ def build_graph(index: UserIndex, nodes: pl.DataFrame, edges: pl.DataFrame) -> G
 def _cited_messages(index: UserIndex, rows: np.ndarray) -> list[np.ndarray]:
     """Index rows of the raw messages (kind "message") each node cites."""
     msg = np.flatnonzero(index.kinds == "message")
-    row_of_msg = {}
+    row_of_msg: dict[str, int] = {}
     if msg.size:
         for r, sources in zip(msg.tolist(), index.meta.column("source_ids").take(pa.array(msg)).to_pylist()):
             for sid in sources or []:
@@ -172,15 +146,14 @@ def graph_for(index: UserIndex) -> Graph | None:
         return None
 
     def load() -> Graph:
-        from memory.weave import load_graph
-
         nodes, edges = load_graph(store, index.user_id)
         return build_graph(index, nodes, edges)
 
     return index.memo("memweaver-graph", load)
 
 
-def _rng(user_id: str, vector: np.ndarray) -> np.random.Generator:
+def walk_rng(user_id: str, vector: np.ndarray) -> np.random.Generator:
+    """The walk's random generator, seeded by the user id and the query vector (same query, same walk)."""
     h = hashlib.blake2b(user_id.encode() + np.asarray(vector, dtype=np.float32).tobytes(), digest_size=8)
     return np.random.default_rng(int.from_bytes(h.digest(), "little"))
 
@@ -288,94 +261,4 @@ def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_sco
     scores = row_scores[graph.rows]
     cand = np.flatnonzero(np.isfinite(scores))
     seeds = cand[np.argsort(-scores[cand], kind="stable")[: params.seeds]]
-    return walk(graph, sims, [int(s) for s in seeds], _rng(index.user_id, vector), params)
-
-
-# -- strategies -------------------------------------------------------------------------------------
-#: how walked nodes join the ranking (see `expand`). `by`: the gain of a walked node, "walked" (non-seed
-#: nodes: their visits / the most visits of any of them), "visits" (the same, seeds included) or
-#: "reach" (non-seed nodes: their best Eq. 2 score S(u→v) / the best of any node); `bonus`: what the
-#: top node's targets gain; the targets are the raw messages a walked node cites (`cite`) and/or the
-#: node itself (`own`). Chosen on the LoCoMo dev split (module docstring, bench/RESULTS.md).
-MERGE = {"by": "walked", "bonus": 0.1, "cite": True, "own": False}
-#: how many of the walk's unique visited nodes, most visited first, `signals["walk_nodes"]` lists by id
-WALK_NODES_SHOWN = 50
-
-
-def expand(q: "Query", rows: np.ndarray, ranked: np.ndarray, *, by: str, bonus: float, cite: bool, own: bool
-           ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The walk as a recollection expansion: (index rows, scores) best first, or None without a graph.
-
-    Walks start from the graph nodes best by `ranked` (the score of each row of `rows`, index rows in
-    ascending order as `Query.rows` gives them). Every row
-    keeps its `ranked` score; the targets of a walked node (with `cite` the raw messages it cites,
-    with `own` the node's own row) gain `bonus` × its gain (see `MERGE`), a row reached through
-    several nodes the largest of theirs. So the turns next to the top hits in their conversation,
-    which the walks reach along temporal edges, climb over weaker one-off hits.
-    """
-    index = q.index
-    graph = graph_for(index)
-    if graph is None or graph.size == 0:
-        return None
-    full = np.full(index.size, -np.inf, dtype=np.float64)
-    full[rows] = ranked
-    walked = walk_from_scores(index, graph, q.vector, full)
-    visited = [int(graph.rows[n]) for n in walked.ranked()[:WALK_NODES_SHOWN]]
-    q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes),
-                     walk_nodes=index.meta.column("id").take(visited).to_pylist() if visited else [])
-    score = np.asarray(ranked, dtype=np.float64).copy()
-    if by == "visits":
-        gain: dict[int, float] = {n: float(c) for n, c in walked.visits.items()}
-    elif by == "walked":
-        seeds = set(walked.seeds)
-        gain = {n: float(c) for n, c in walked.visits.items() if n not in seeds}
-    else:
-        gain = walked.reach
-    top = max(gain.values(), default=1.0) or 1.0
-    add: dict[int, float] = {}
-    for node, g in gain.items():
-        targets = graph.cites[node].tolist() if cite else []
-        if own:
-            targets.append(int(graph.rows[node]))
-        if not targets:
-            continue
-        at = np.searchsorted(rows, targets)         # `rows` ascend (Query.rows); unsearched targets miss
-        for r, i in zip(targets, at.tolist()):
-            if i < rows.size and int(rows[i]) == r:
-                add[i] = max(add.get(i, 0.0), bonus * g / top)
-    for i, x in add.items():
-        score[i] += x
-    q.signals["walk_boosted"] = len(add)
-    from retrieval.rfmem import top_k
-    from retrieval.strategies import DEDUPE_POOL
-
-    order = top_k(score, q.k * DEDUPE_POOL)
-    return rows[order], score[order].astype(np.float32)
-
-
-def walk_strategy(q: "Query", *, gate: bool, fused: bool) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """`walk` / `hybrid-walk` (always walk, from the cosine or the fused ranking), `rfmem-walk` /
-    `rfmem-hybrid-walk` (RF-Mem's gate; its recollection route is the walk instead of Algorithm 3).
-    Users without a graph get RF-Mem's recollection."""
-    from retrieval import rfmem
-    from retrieval.strategies import _novel, _rfmem, _subset, _thresholds, _top, familiarity_signal
-
-    s = q.settings
-    rows, z = _subset(q)
-    if rows.size == 0:
-        return rows, np.zeros(0, np.float32), rfmem.RECOLLECTION
-    probe = z @ q.vector
-    route = rfmem.RECOLLECTION
-    if gate:
-        mean, ent = familiarity_signal(q, probe)
-        route = rfmem.gate(mean, ent, *_thresholds(q, False))
-    ranked = probe + q.prior(rows, probe) if fused else probe
-    if route == rfmem.FAMILIARITY:
-        return _top(q, rows, ranked, route, fused and s.dedupe_sources)
-    out = expand(q, rows, ranked, **MERGE)
-    if out is None:
-        return _rfmem(q, route=rfmem.RECOLLECTION, fused=fused)
-    idx, sc = out
-    if s.dedupe_sources:  # as the hybrid strategies: boosted turns often repeat a fragment above them
-        return _novel(q, idx, sc, rfmem.RECOLLECTION)
-    return idx[: q.k], sc[: q.k], rfmem.RECOLLECTION
+    return walk(graph, sims, [int(s) for s in seeds], walk_rng(index.user_id, vector), params)

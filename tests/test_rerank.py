@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from memory.embed import Embedder
+from memory.errors import ConfigError
+from memory.settings import load_settings
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
-from retrieval.rerank import (GLOBAL, Example, Reranker, TrainConfig, _loss_grad, load_latest, save_version,
+from retrieval.rerank import (GLOBAL, Example, Reranker, TrainConfig, load_latest, loss_grad, save_version,
                               scope_key, train, train_reranker)
 from tests.helpers import ALICE, BOB, write_user
 
@@ -36,34 +38,34 @@ def test_gradient_matches_finite_differences(deduped: bool) -> None:
         ex.sources = [["a"], ["b"], ["c"], ["d"], ["e"], ["a", "b"], ["c"], ["f"]]
     model = Reranker(rng.standard_normal((DIM, DIM)) * 0.1, rng.standard_normal((DIM, DIM)) * 0.1)
     cfg = TrainConfig()
-    _, gq, gm = _loss_grad(model, ex, cfg, np.random.default_rng(7))
+    _, gq, gm = loss_grad(model, ex, cfg, np.random.default_rng(7))
     eps = 1e-5
     for name, grad in (("wq", gq), ("wm", gm)):
         for i, j in ((0, 1), (3, 2), (5, 5)):
             w = getattr(model, name)
             old = w[i, j]
             w[i, j] = old + eps
-            up = _loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
+            up = loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
             w[i, j] = old - eps
-            down = _loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
+            down = loss_grad(model, ex, cfg, np.random.default_rng(7))[0]
             w[i, j] = old
             assert abs((up - down) / (2 * eps) - grad[i, j]) < 1e-4 * max(1.0, abs(grad[i, j]))
 
 
 def test_covered_candidates_leave_the_plackett_luce_denominator() -> None:
     """With a deduplicating base strategy, log P(shown) sums over the candidates still showable."""
-    from retrieval.rerank import _pl_grad
+    from retrieval.rerank import pl_grad
 
     z = np.array([2.0, 1.0, 0.5, 0.0, 1.5])
     ex = Example(np.zeros(DIM, np.float32), np.zeros((5, DIM), np.float32), z.astype(np.float32),
                  np.array([0, 2]), np.array([1.0, 1.0]), sources=[["a"], ["a"], ["b"], ["c"], ["a", "b"]])
     cfg = TrainConfig(temperature=1.0, baseline=0.0)
-    loss, _, _ = _pl_grad(Reranker.identity(DIM), ex, ex.shown, np.array([1.0, 1.0]), cfg)
+    loss, _, _ = pl_grad(Reranker.identity(DIM), ex, ex.shown, np.array([1.0, 1.0]), cfg)
     # step 1 over all five; step 2 without 0 (shown) and 1 (its only source "a" is shown)
     want = -(z[0] - np.log(np.exp(z).sum())) - (z[2] - np.log(np.exp(z[[2, 3, 4]]).sum()))
     assert loss == pytest.approx(want)
     ex.sources = None
-    plain, _, _ = _pl_grad(Reranker.identity(DIM), ex, ex.shown, np.array([1.0, 1.0]), cfg)
+    plain, _, _ = pl_grad(Reranker.identity(DIM), ex, ex.shown, np.array([1.0, 1.0]), cfg)
     assert plain == pytest.approx(-(z[0] - np.log(np.exp(z).sum())) - (z[2] - np.log(np.exp(z[1:]).sum())))
 
 
@@ -179,14 +181,14 @@ def test_mean_baseline_is_the_mean_reward_and_is_recorded(monkeypatch: pytest.Mo
         ex.reward = np.array([1.0, -1.0, -1.0, -1.0, -1.0])
     assert resolve_baseline("mean", examples) == pytest.approx(-0.6)
     assert resolve_baseline(0.5, examples) == 0.5
-    with pytest.raises(ValueError, match="baseline"):
+    with pytest.raises(ConfigError, match="baseline"):
         resolve_baseline("median", examples)
     _, metrics = train(examples, DIM, cfg=TrainConfig(baseline="mean"))
     assert metrics["config"]["baseline"] == pytest.approx(-0.6)
     monkeypatch.setenv("MNEMO_RETRIEVAL_RERANK_BASELINE", "mean")
-    assert TrainConfig.from_settings(RetrievalSettings()).baseline == "mean"
+    assert TrainConfig.from_settings(load_settings().retrieval).baseline == "mean"
     monkeypatch.setenv("MNEMO_RETRIEVAL_RERANK_BASELINE", "-0.8")
-    assert TrainConfig.from_settings(RetrievalSettings()).baseline == -0.8
+    assert TrainConfig.from_settings(load_settings().retrieval).baseline == -0.8
 
 
 def test_novel_order_skips_candidates_whose_sources_are_covered_above() -> None:
@@ -215,7 +217,7 @@ def test_reranked_hybrid_results_keep_every_item_novel(retriever: Retriever) -> 
 
 
 def test_bench_ceilings_bound_the_base_and_the_interval_is_paired(retriever: Retriever) -> None:
-    from retrieval.bench_rerank import ceilings, paired_ci
+    from evaluation.rerank import ceilings, paired_ci
 
     asks = [("what is my dog called?", "alice:D1:1"), ("where did I go hiking?", "alice:D1:0"),
             ("what pet did we adopt?", "alice:D1:4"), ("which band do I like?", "alice:D1:5"),

@@ -11,10 +11,10 @@ import pytest
 import retrieval
 from memory.embed import Embedder
 from memory.errors import InvalidUserIdError
+from memory.settings import PAPER, Settings, load_settings
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever, UnknownStrategyError, citation_prompt, parse_citations
 from retrieval.context import approx_tokens, build_context
-from retrieval.settings import PAPER
 from tests.helpers import ALICE, BOB, ts, write_user
 
 
@@ -45,6 +45,14 @@ def test_open_by_path_and_embed(store: Store, embedder: Embedder) -> None:
     vecs = r.embed(["hello", "world"])
     assert vecs.shape == (2, embedder.dim) and np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
     assert r.retrieve("alice", "dog", k=2).items
+
+
+def test_settings_object_or_retrieval_section(store: Store, embedder: Embedder) -> None:
+    """`Retriever` takes the whole Settings (its `retrieval` section) or the section alone."""
+    whole = Retriever(store, Settings(store=store.uri, retrieval=RetrievalSettings(k=3)), embedder=embedder)
+    section = Retriever(store, RetrievalSettings(k=4), embedder=embedder)
+    assert whole.settings.k == 3 and section.settings.k == 4 and Retriever(store).settings == RetrievalSettings()
+    assert len(whole.retrieve("alice", "dog").items) == 3 and len(section.retrieve("alice", "dog").items) == 4
 
 
 @pytest.mark.parametrize("strategy", list(retrieval.STRATEGIES) + [None])
@@ -89,7 +97,7 @@ def test_signals_and_forced_routes(retriever: Retriever) -> None:
 def test_new_consolidation_results_are_seen(tmp_path: Path, embedder: Embedder) -> None:
     st = Store(str(tmp_path / "s"), dim=embedder.dim)
     write_user(st, embedder, "dana", BOB)
-    r = Retriever.open(st.uri, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    r = Retriever.open(st.uri, Settings(store=st.uri, retrieval=RetrievalSettings(refresh_ms=0)), embedder=embedder)
     before = r.retrieve("dana", "kayak trip", k=20)
     row = {"id": "dana-new", "user_id": "dana", "key": "kayak", "content": "went kayaking", "date": "2023-06-01",
            "text": "kayak: Dana went on a kayak trip in Norway", "source_ids": ["dana:D9:1"],
@@ -125,7 +133,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MNEMO_RETRIEVAL_K", "7")
     monkeypatch.setenv("MNEMO_RETRIEVAL_TAU", "0.5")
     monkeypatch.setenv("MNEMO_API_KEY", "s3cret")
-    s = RetrievalSettings()
+    s = load_settings().retrieval
     assert s.k == 7 and s.tau == 0.5 and s.api_key is not None and s.api_key.get_secret_value() == "s3cret"
     assert (s.lam, s.beam, s.fanout, s.theta_low, s.alpha) == (20.0, 3, 2, 0.3, 0.5)
     paper = RetrievalSettings(**PAPER)

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from memory.settings import RetrievalSettings
 from retrieval import rfmem
 from retrieval.calibration import calibrate
 from retrieval.lexical import BM25Index, tokenize
-from retrieval.settings import RetrievalSettings
 
 
 def _unit(a: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
-"""MemWeaver random walk (retrieval/walk.py): Eq. 2 transition probabilities in days, temporal-only
-neighbours by default, determinism per query, unique visited nodes, the merge (walked nodes boost
-the raw turns they cite), the walk strategies on a consolidated store and without a graph."""
+"""MemWeaver random walk (retrieval/walk.py, retrieval/strategies/walk.py): Eq. 2 transition
+probabilities in days, temporal-only neighbours by default, determinism per query, unique visited
+nodes, the merge (walked nodes boost the raw turns they cite), the walk strategies on a consolidated
+store and without a graph."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -10,7 +11,7 @@ import pytest
 
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
-from retrieval.walk import Graph, WalkParams, _rng, node_weights, transitions, walk
+from retrieval.walk import Graph, WalkParams, node_weights, transitions, walk, walk_rng
 
 
 def _graph() -> Graph:
@@ -65,8 +66,8 @@ def test_walk_is_deterministic_per_query_and_unique() -> None:
     g = _graph()
     sims = np.array([0.9, 0.5, 0.8, 0.3, 0.6])
     q = np.ones(8, np.float32)
-    a = walk(g, sims, [0, 2], _rng("u", q))
-    b = walk(g, sims, [0, 2], _rng("u", q))
+    a = walk(g, sims, [0, 2], walk_rng("u", q))
+    b = walk(g, sims, [0, 2], walk_rng("u", q))
     assert a.nodes == b.nodes and a.visits == b.visits
     assert len(a.nodes) == len(set(a.nodes)) and a.nodes[0] == 0
     # 2 seeds × 5 walks × 10 steps; every walk start counts as a visit of its seed
@@ -74,17 +75,17 @@ def test_walk_is_deterministic_per_query_and_unique() -> None:
     ranked = a.ranked()
     assert sorted(ranked) == sorted(a.nodes)
     assert [a.visits[n] for n in ranked] == sorted(a.visits.values(), reverse=True)
-    one = walk(g, sims, [0, 2], _rng("u", q), WalkParams(walks=1, restart=0.0, cluster=True))
+    one = walk(g, sims, [0, 2], walk_rng("u", q), WalkParams(walks=1, restart=0.0, cluster=True))
     assert one.steps == 20 and sum(one.visits.values()) == 22
-    assert walk(g, sims, [], _rng("u", q)).nodes == []
+    assert walk(g, sims, [], walk_rng("u", q)).nodes == []
 
 
 def test_walk_reach_is_the_best_eq_2_score_and_restarts_stay_deterministic() -> None:
     g, p = _graph(), WalkParams(walks=3, restart=0.5)
     sims = np.array([0.9, 0.5, 0.8, 0.3, 0.6])
     q = np.ones(8, np.float32)
-    a = walk(g, sims, [0], _rng("u", q), p)
-    assert a.nodes == walk(g, sims, [0], _rng("u", q), p).nodes
+    a = walk(g, sims, [0], walk_rng("u", q), p)
+    assert a.nodes == walk(g, sims, [0], walk_rng("u", q), p).nodes
     assert a.steps == 30 and sum(a.visits.values()) == 33 and 0 not in a.reach
     base = node_weights(g, sims, p)
     for v, s in a.reach.items():  # S(u→v) of some u that has v as a neighbour
@@ -128,7 +129,7 @@ def test_walk_without_graph_falls_back(sample_store: Store) -> None:
 
 
 def test_days_between_sessions() -> None:
-    from memory.weave import days
+    from memory.graph import days
 
     t = datetime(2023, 5, 1, tzinfo=timezone.utc)
     assert days(t, t + timedelta(hours=36)) == pytest.approx(1.5)
@@ -136,7 +137,7 @@ def test_days_between_sessions() -> None:
 
 def test_hybrid_walk_is_hybrid_plus_the_walk_bonus(retriever: Retriever, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a bonus, `hybrid-walk` ranks exactly as `hybrid`; with one, no row gains more than it."""
-    from retrieval import walk as walk_mod
+    from retrieval.strategies import walk as walk_mod
 
     r = retriever
     user = r.store.users()[0]
@@ -173,7 +174,8 @@ def test_expand_boosts_the_turns_cited_by_walked_nodes(retriever: Retriever) -> 
     """Each row gains bonus × the largest visits / max visits of a walked non-seed node citing it;
     seeds, uncited rows and the nodes themselves keep their starting score."""
     from retrieval.strategies import Query
-    from retrieval.walk import expand, graph_for, walk_from_scores
+    from retrieval.strategies.walk import expand
+    from retrieval.walk import graph_for, walk_from_scores
 
     r = retriever
     settings = r.settings
