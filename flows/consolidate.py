@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.futures import PrefectFuture, as_completed
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from memory.embed import embedder_for
 from memory.errors import LLMTransientError
@@ -93,6 +93,11 @@ def _stage_tasks() -> list[Any]:
     return out
 
 
+def _threads(n: int) -> TaskRunner[PrefectFuture[Any]]:
+    """A bounded thread pool (Prefect types `task_runner` invariantly in its future type, hence the cast)."""
+    return cast("TaskRunner[PrefectFuture[Any]]", ThreadPoolTaskRunner(max_workers=max(1, n)))
+
+
 def task_runner_for(settings: Settings) -> Any:
     """Local bounded threads by default; Dask through prefect-dask when asked."""
     if settings.dask_address:
@@ -105,7 +110,7 @@ def task_runner_for(settings: Settings) -> Any:
         n = settings.dask_local or settings.max_workers
         return DaskTaskRunner(cluster_kwargs={"n_workers": n, "processes": True, "threads_per_worker": 1,
                                               "dashboard_address": None})
-    return ThreadPoolTaskRunner(max_workers=max(1, settings.max_workers))
+    return _threads(settings.max_workers)
 
 
 def _shard_result(chain: list[Any]) -> ShardState:
@@ -177,7 +182,7 @@ def train_task(settings: Settings, run_id: str) -> list[str]:
     return [rep.summary() for rep in train_reranker(r, scope=settings.retrieval.rerank_scope, run_id=run_id)]
 
 
-@flow(name="consolidate", task_runner=ThreadPoolTaskRunner(max_workers=2))
+@flow(name="consolidate", task_runner=_threads(2))
 def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] | None = None,
                      settings: Settings | None = None) -> dict[str, Any]:
     """Nightly: consolidate every user's sessions newer than its watermark, then train the reranker
@@ -195,7 +200,7 @@ def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] |
     return result
 
 
-@flow(name="backfill", task_runner=ThreadPoolTaskRunner(max_workers=2))
+@flow(name="backfill", task_runner=_threads(2))
 def backfill_flow(path: str, fmt: str, overrides: dict[str, Any] | None = None,
                   observations_as_fragments: bool = False, settings: Settings | None = None,
                   user_id: str | None = None) -> dict[str, Any]:
