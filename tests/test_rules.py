@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from datetime import datetime
 
 import jsonschema
@@ -300,7 +299,7 @@ def test_reason_is_deterministic():
         assert RulesBackend().complete([req])[0].text == RulesBackend().complete([req])[0].text
 
 
-# -- LoCoMo: quality smoke and speed ----------------------------------------------------------------
+# -- LoCoMo: validity of every answer ------------------------------------------------------------------
 def _locomo_sessions():
     data = json.loads(LOCOMO.read_text())
     for sample in data:
@@ -314,12 +313,12 @@ def _locomo_sessions():
 
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo dev data not present")
-def test_locomo_extraction_speed_and_validity():
+def test_locomo_extraction_validity() -> None:
+    """Every rules answer over LoCoMo dev fits the schema, cites a message of its session, names that
+    message's speaker, and the same requests give the same answers. (Speed: `mnemo bench consolidate`.)"""
     sessions = list(_locomo_sessions())
     requests = [prompts.extract_request(s) for s in sessions]
-    t0 = time.perf_counter()
     responses = RulesBackend().complete(requests)
-    elapsed = time.perf_counter() - t0
     n_messages = sum(len(s["messages"]) for s in sessions)
     total = 0
     for session, resp in zip(sessions, responses):
@@ -332,7 +331,5 @@ def test_locomo_extraction_speed_and_validity():
                 assert it["message_id"] in ids
                 assert it["subject"] == speakers[it["message_id"]]
                 total += 1
-    print(f"\nrules extract: {len(sessions)} sessions, {n_messages} messages -> {total} fragments "
-          f"in {elapsed:.3f}s")
-    assert total > 1000
+    assert n_messages == 2760 and total > 1000
     assert [r.text for r in RulesBackend().complete(requests[:5])] == [r.text for r in responses[:5]]

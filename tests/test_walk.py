@@ -114,6 +114,18 @@ def test_walk_strategies_on_a_store(retriever: Retriever, strategy: str) -> None
     if strategy in ("walk", "hybrid-walk"):
         assert res.route == "recollection" and res.signals["walk_visited"] >= 1
         assert res.signals["walk_steps"] > 0
+    elif res.route == "familiarity":
+        assert "walk_visited" not in res.signals, "the gate chose familiarity, yet a walk is reported"
+
+
+@pytest.mark.parametrize("strategy", ["rfmem-walk", "rfmem-hybrid-walk"])
+def test_gated_walk_strategies_walk_when_the_gate_recollects(module_sample_store: Store, strategy: str) -> None:
+    """With θ_low above any cosine the gate always recollects, and recollection is the walk."""
+    r = Retriever(module_sample_store, RetrievalSettings(refresh_ms=0, theta_high=1.5, theta_low=1.2))
+    user = r.store.users()[0]
+    res = r.retrieve(user, "what did they do on the weekend?", k=5, strategy=strategy)
+    assert res.route == "recollection"
+    assert res.signals["walk_visited"] >= 1 and res.signals["walk_steps"] > 0
 
 
 def test_walk_without_graph_falls_back(sample_store: Store) -> None:
