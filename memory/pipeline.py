@@ -11,14 +11,14 @@ from memory.store import Store
 
 
 def has_work(state: ShardState, settings: Settings) -> bool:
-    """Whether the shard's stages (and its commit) have anything to do: pending sessions, or a rebuild
-    of its users' graphs."""
-    return bool(state.sessions) or settings.rebuild_graph
+    """Whether the shard's stages (and its commit) have anything to do: pending sessions, users whose
+    summaries a quarantine left pending, progress rows to migrate, or a rebuild of the users' graphs."""
+    return bool(state.sessions or state.summary_retry or state.migrate) or settings.rebuild_graph
 
 
 def run_shard(store: Store, users: list[str], settings: Settings, run_id: str) -> ShardState:
     """All stages for one shard, in order, then its commit."""
-    state = load_shard(store, users, run_id)
+    state = load_shard(store, users, run_id, settings)
     if not has_work(state, settings):
         return state
     ctx = StageContext.create(store, settings, run_id)

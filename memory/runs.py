@@ -40,9 +40,19 @@ def plan_shards(store: Store, users: list[str] | None, shard_size: int) -> list[
     return [chosen[i:i + size] for i in range(0, len(chosen), size)]
 
 
+#: the keys of `RunReport.outcome`
+OUTCOMES = ("pending", "given_up", "retried", "recovered")
+
+
 @dataclass
 class RunReport:
-    """What one consolidation run did: counts, LLM use, time per stage."""
+    """What one consolidation run did: counts, LLM use, time per stage, and what became of
+    quarantined work (`outcome`).
+
+    `status`: `completed`; `quarantined` when the run set LLM work aside (`counts["quarantined"]`) or
+    left sessions (or users' summaries) pending or given up (`outcome`, see
+    `memory.stages.load`); `failed` when a shard failed (set by the flow).
+    """
 
     run_id: str
     kind: str
@@ -55,6 +65,9 @@ class RunReport:
     seconds: float = 0.0
     status: str = "completed"
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    #: sessions (and users' summaries) left `pending` after a quarantine, `given_up` at the retry cap,
+    #: `retried` from an earlier run's quarantine, and `recovered` (retried, nothing quarantined again)
+    outcome: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
 
     def add(self, state: ShardState) -> None:
         self.users.extend(u for u in state.users if u not in self.users)
@@ -64,6 +77,19 @@ class RunReport:
             self.llm[k] = self.llm.get(k, 0) + v
         for k, seconds in state.timings.items():
             self.timings[k] = self.timings.get(k, 0.0) + seconds
+        for k, v in state.outcome.items():
+            self.outcome[k] = self.outcome.get(k, 0) + v
+        if self.status == "completed" and (self.counts.get("quarantined", 0) or self.outcome.get("pending", 0)
+                                           or self.outcome.get("given_up", 0)):
+            self.status = "quarantined"
+
+    def quarantine_summary(self) -> str:
+        """What became of quarantined work, e.g. `2 sessions pending retry, 1 given up`; "" when nothing."""
+        o = {k: self.outcome.get(k, 0) for k in OUTCOMES}
+        parts = [f"{o['pending']} sessions pending retry"] if o["pending"] else []
+        parts += [f"{o['given_up']} given up"] if o["given_up"] else []
+        parts += [f"{o['recovered']} of {o['retried']} retried recovered"] if o["retried"] else []
+        return ", ".join(parts)
 
     def summary(self) -> str:
         c, llm = self.counts, self.llm
@@ -71,7 +97,8 @@ class RunReport:
         return (f"{self.kind} {self.run_id}: {c.get('users', 0)} users with new sessions, "
                 f"{c.get('sessions', 0)} sessions, {c.get('messages', 0)} messages, "
                 f"{c.get('fragments', 0)} fragments, {c.get('clusters', 0)} clusters, {c.get('links', 0)} links, "
-                f"{c.get('insights', 0)} insights, {c.get('quarantined', 0)} quarantined; "
+                f"{c.get('insights', 0)} insights, {c.get('quarantined', 0)} quarantined"
+                + (f" ({q})" if (q := self.quarantine_summary()) else "") + "; "
                 f"LLM {self.backend}/{self.model}: {llm.get('calls', 0)} calls, "
                 f"{llm.get('tokens_in', 0) + llm.get('tokens_out', 0)} tokens, {llm.get('cache_hits', 0)} cache hits; "
                 f"{self.seconds:.1f}s" + (f" ({stages})" if stages else ""))
@@ -80,7 +107,8 @@ class RunReport:
         return {
             "id": self.run_id, "kind": self.kind, "status": self.status, "started_at": self.started_at,
             "finished_at": datetime.now(timezone.utc), "users": self.users,
-            "counts_json": json.dumps(self.counts, sort_keys=True), "llm_calls": self.llm.get("calls", 0),
+            "counts_json": json.dumps({**self.counts, **self.outcome}, sort_keys=True),
+            "llm_calls": self.llm.get("calls", 0),
             "tokens_in": self.llm.get("tokens_in", 0), "tokens_out": self.llm.get("tokens_out", 0),
             "cache_hits": self.llm.get("cache_hits", 0), "quarantined": self.counts.get("quarantined", 0),
             "seconds": self.seconds, "backend": self.backend, "model": self.model,

@@ -149,6 +149,29 @@ def watermarks(dim: int) -> pa.Schema:
     ])
 
 
+def progress(dim: int) -> pa.Schema:
+    """Per user and session: how far consolidation got, and the LLM work it still owes.
+
+    One row per consolidated session (`n_messages` / `next_seq`: the message count and the `seq`
+    after the last message consolidated, so messages appended later are found) and one per user
+    (`session_id` null: its profile and phase summaries). `pending_json` lists work set aside by
+    quarantine: items `{"work", "subject", "from", "to", "attempts", "quarantine_ids", "given_up"}`,
+    retried by later runs until they succeed or reach `Settings.max_llm_attempts`; `status` is
+    `done`, `pending` or `given_up`. Written after every other table of a commit, before the
+    watermarks.
+    """
+    return pa.schema(_id_user() + [
+        pa.field("session_id", pa.string(), nullable=True),
+        pa.field("session_ts", TS, nullable=True),
+        pa.field("n_messages", pa.int32()),
+        pa.field("next_seq", pa.int32()),
+        pa.field("status", pa.string()),
+        pa.field("pending_json", pa.string()),
+        pa.field("run_id", pa.string()),
+        pa.field("updated_at", TS),
+    ])
+
+
 def runs(dim: int) -> pa.Schema:
     """One row per command run (ingest, consolidate, backfill) with its summary."""
     return pa.schema([
@@ -309,6 +332,7 @@ SCHEMAS = {
     "clusters": clusters,
     "links": links,
     "watermarks": watermarks,
+    "progress": progress,
     "runs": runs,
     "quarantine": quarantine,
     "llm_cache": llm_cache,
@@ -322,7 +346,7 @@ SCHEMAS = {
 
 #: tables whose rows are scoped by user and get a scalar index on `user_id`
 USER_TABLES = ("messages", "sessions", "observations", "fragments", "insights", "clusters", "links",
-               "watermarks", "topics", "feedback", "graph_nodes", "graph_edges", "summaries")
+               "watermarks", "progress", "topics", "feedback", "graph_nodes", "graph_edges", "summaries")
 
 
 def schema_for(name: str, dim: int) -> pa.Schema:

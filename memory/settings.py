@@ -36,8 +36,8 @@ class RetrievalSettings(BaseModel):
     default_strategy: str = Field("rfmem-hybrid", description="strategy used when none is asked for")
     k: int = Field(10, ge=1, le=200, description="items returned by default")
     kinds: tuple[str, ...] = Field(("message", "fragment", "insight", "topic"),
-                                   description="memory kinds searched (topics: +0.026 Recall@10 on LoCoMo dev, "
-                                   "`mnemo bench rerank`)")
+                                   description="memory kinds searched by default (`mnemo bench rerank` measures "
+                                   "what topics add)")
 
     # RF-Mem probe and gate (paper §2.1, Appendix B)
     probe_k: int = Field(10, ge=2, description="probe size k_p (the paper uses K)")
@@ -91,8 +91,8 @@ class RetrievalSettings(BaseModel):
     rerank_baseline: float | Literal["mean"] = Field(0.5, description="REINFORCE baseline b (A.1: 0.5); "
                                                      "'mean': the mean reward of the feedback trained on")
     rerank_optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd: eq. 3 as written; adam "
-                                                     "diverges with b = 0.5 on LoCoMo (-0.4 Recall@5), not "
-                                                     "with baseline 'mean'")
+                                                     "diverges with b = 0.5 (bench/RESULTS.md), not with "
+                                                     "baseline 'mean'")
     rerank_epochs: int = Field(1, ge=1, description="passes over the new feedback per train run")
     rerank_samples: int = Field(0, ge=0, description="fresh Gumbel top-M samples per query per step over "
                                 "the top-K pool (0: the logged shown list only)")
@@ -139,6 +139,8 @@ class Settings(BaseModel):
     llm_max_retries: int = 3
     llm_max_tokens: int = 2048
     llm_temperature: float = 0.0
+    max_llm_attempts: int = Field(3, ge=1, description="runs that may try a quarantined piece of LLM work "
+                                  "(a session's extraction or topics, a user's summaries) before it is given up")
 
     # PREMem linking
     theta: float = Field(0.6, description="centroid cosine above which clusters link (PREMem θ)")

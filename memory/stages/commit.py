@@ -1,18 +1,29 @@
 """Committing a shard: the one place a consolidation writes. Every table first (the rows of the
-first stages, then the deletions and rows the later stages asked for), the users' watermarks last,
-so a crash before the watermarks leaves the sessions pending and the re-run rewrites the same rows
-(row ids are deterministic)."""
+first stages, then the deletions and rows the later stages asked for), then the quarantine rows of
+retried work that is settled, the `progress` rows, and the users' watermarks last, so a crash
+before the watermarks leaves the new sessions pending and the re-run rewrites the same rows (row ids
+are deterministic).
+
+`settle` turns the work the stages quarantined (`state.quarantined_work`) into the sessions' and
+users' `progress` rows (items: see `memory.stages.load`): a retried item that succeeds is dropped
+and its quarantine rows deleted; one quarantined again counts an attempt; at
+`Settings.max_llm_attempts` (`state.max_attempts`) it is given up: kept, with its quarantine rows,
+and not retried."""
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
+from typing import Any
+
+from lancedb.expr import col
 
 from memory.ids import make_id
-from memory.stages.shard import Cluster, ShardState, timed
+from memory.stages.shard import Cluster, SessionWork, ShardState, active, progress_id, timed
 from memory.store import Store, users_filter
 
 
 def commit(store: Store, state: ShardState) -> dict[str, int]:
-    """Write the shard: every table first, then the watermarks. Safe to repeat."""
+    """Write the shard: every table, then progress, then the watermarks. Safe to repeat."""
     with timed(state, "commit"):
         written = {
             "messages": store.upsert("messages", state.message_rows),
@@ -27,14 +38,19 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         for name, rows in state.extra.items():
             written[name] = store.upsert(name, rows)
         now = datetime.now(timezone.utc)
+        progress, settled = settle(state, now)
+        if settled and store.has_table("quarantine"):
+            store.delete("quarantine", col("id").isin(settled))
+        written["progress"] = store.upsert("progress", progress)
         marks = []
         for user in state.users:
             mine = [s for s in state.sessions if s.user_id == user]
             if not mine:
                 continue
-            _, done = state.watermarks[user]
+            last, done = state.watermarks[user]
             marks.append({"id": make_id("watermark", user), "user_id": user,
-                          "last_session_ts": max(s.ts for s in mine), "sessions_done": done + len(mine),
+                          "last_session_ts": max([last] + [s.ts for s in mine]),
+                          "sessions_done": done + sum(s.first for s in mine),
                           "run_id": state.run_id, "updated_at": now})
         written["watermarks"] = store.upsert("watermarks", marks)
     return written
@@ -46,3 +62,88 @@ def touched_clusters(state: ShardState) -> list[Cluster]:
     for lk in state.links:
         out[lk.pool.id] = lk.pool
     return list(out.values())
+
+
+# -- progress -------------------------------------------------------------------------------------
+def settle(state: ShardState, now: datetime) -> tuple[list[dict[str, Any]], list[str]]:
+    """The progress rows this shard's commit writes and the quarantine row ids it deletes (those of
+    retried work that succeeded or was quarantined again under another id); sets `state.outcome`."""
+    written_q = {q["id"] for q in state.quarantine}
+    rows = [row_of(r, state.run_id, now) for r in state.migrate]
+    deleted: list[str] = []
+    outcome = {"pending": 0, "given_up": 0, "retried": 0, "recovered": 0}
+    keys: list[tuple[str, str]] = [(s.user_id, s.session_id) for s in state.sessions]
+    users = [u for u in state.users if any(k[0] == u for k in keys) or u in state.summary_retry
+             or (u, "") in state.quarantined_work]
+    by_key = {(s.user_id, s.session_id): s for s in state.sessions}
+    for key in keys + [(u, "") for u in users]:
+        s = by_key.get(key)
+        old = None if s is not None and s.first else state.progress.get(key)
+        retried: list[dict[str, Any]] = []
+        if s is not None:
+            retried = s.retrying
+        elif old is not None and key[0] in state.summary_retry:
+            retried = [i for i in active(old["items"]) if i["work"] == "summarize"]
+        fresh = state.quarantined_work.get(key, {})
+        items, gave_up, again = settle_items(old["items"] if old else [], retried, fresh, seq_range(s, old),
+                                             state.max_attempts)
+        deleted += [q for i in retried for q in i["quarantine_ids"] if q not in written_q]
+        outcome["retried"] += bool(retried)
+        outcome["recovered"] += bool(retried) and not again
+        outcome["given_up"] += bool(gave_up)
+        outcome["pending"] += bool(active(items))
+        row: dict[str, Any] = {"id": progress_id(*key), "user_id": key[0], "session_id": key[1] or None,
+                               "items": items}
+        if s is None:
+            row.update(session_ts=None, n_messages=None, next_seq=None)
+        elif s.mode == "topics" and old is not None:
+            row.update(session_ts=s.ts, n_messages=old["n_messages"], next_seq=old["next_seq"])
+        else:
+            reached = max(seq_range(s, old)[1], (old or {}).get("next_seq") or 0)
+            row.update(session_ts=s.ts, n_messages=s.n_messages, next_seq=reached)
+        rows.append(row_of(row, state.run_id, now))
+    state.outcome = outcome
+    return rows, deleted
+
+
+def seq_range(s: SessionWork | None, old: dict[str, Any] | None) -> tuple[int, int]:
+    """The [first, end) seq range of the messages a session's work covered this run."""
+    seqs = [int(m.get("seq") or 0) for m in s.messages] if s is not None else []
+    if seqs:
+        return min(seqs), max(seqs) + 1
+    start = int((old or {}).get("next_seq") or 0)
+    return start, start
+
+
+def settle_items(items: list[dict[str, Any]], retried: list[dict[str, Any]], fresh: dict[str, list[str]],
+                 covered: tuple[int, int], max_attempts: int) -> tuple[list[dict[str, Any]], int, int]:
+    """The items after a run: those not retried kept, retried ones that succeeded dropped, fresh
+    quarantines (`work[:subject]` -> quarantine ids) added or counted as one more attempt of the
+    item they retried; at `max_attempts` an item is given up. Returns (items, how many were given up,
+    how many retried items were quarantined again)."""
+    out = [i for i in items if i not in retried]
+    gave_up = again = 0
+    for work, qids in sorted(fresh.items()):
+        kind, _, subject = work.partition(":")
+        prev = next((i for i in retried if i["work"] == kind and i.get("subject", "") == subject), None)
+        item: dict[str, Any]
+        if prev is None:
+            item = {"work": kind, "subject": subject, "from": covered[0], "to": covered[1], "attempts": 1}
+        else:
+            item = {**prev, "to": max(prev["to"], covered[1]), "attempts": prev["attempts"] + 1}
+            again += 1
+        item["quarantine_ids"] = sorted(set(qids))
+        if item["attempts"] >= max_attempts:
+            item["given_up"] = True
+            gave_up += 1
+        out.append(item)
+    return out, gave_up, again
+
+
+def row_of(r: dict[str, Any], run_id: str, now: datetime) -> dict[str, Any]:
+    """A `progress` table row from a row with parsed items."""
+    items = r["items"]
+    status = "pending" if active(items) else "given_up" if items else "done"
+    return {"id": r["id"], "user_id": r["user_id"], "session_id": r["session_id"], "session_ts": r["session_ts"],
+            "n_messages": r["n_messages"], "next_seq": r["next_seq"], "status": status,
+            "pending_json": json.dumps(items, sort_keys=True), "run_id": run_id, "updated_at": now}

@@ -10,16 +10,17 @@ from memory.dates import normalize_date
 from memory.ids import make_id
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
-from memory.stages.shard import SessionWork, ShardState, StageContext, merge_llm, timed
+from memory.stages.shard import SessionWork, ShardState, StageContext, merge_llm, quarantine_work, timed
 from memory.text import categorize, key_phrase
 
 OBSERVATION_VERSION = "observation-import-v1"
 
 
 def extract(state: ShardState, ctx: StageContext) -> ShardState:
-    """PREMem step 1 for every pending session of the shard, as one LLM batch."""
+    """PREMem step 1 for every pending session of the shard, as one LLM batch. A reopened session
+    sends only its messages not extracted yet; a quarantined extraction stays pending (`progress`)."""
     with timed(state, "extract"):
-        to_llm = [s for s in state.sessions if not s.observed and s.messages]
+        to_llm = [s for s in state.sessions if s.extracts and not s.observed and s.messages]
         if to_llm:
             runner = ctx.runner()
             backend = runner.backend
@@ -33,8 +34,9 @@ def extract(state: ShardState, ctx: StageContext) -> ShardState:
                     state.fragments.append(fragment_row(session, item, run_id=state.run_id, backend=backend.name,
                                                         model=backend.model, prompt_version=prompts.EXTRACT_VERSION))
             for q, session in quarantined_sessions(bad, to_llm):
-                state.quarantine.append(q.row(session.user_id, state.run_id, session.session_id))
-        for session in (s for s in state.sessions if s.observed):
+                quarantine_work(state, q.row(session.user_id, state.run_id, session.session_id),
+                                session.user_id, session.session_id, "extract")
+        for session in (s for s in state.sessions if s.observed and s.extracts):
             for item in dedupe_items(observation_items(session)):
                 state.fragments.append(fragment_row(session, item, run_id=state.run_id, backend="observations",
                                                     model="recorded", prompt_version=OBSERVATION_VERSION))

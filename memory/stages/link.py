@@ -1,6 +1,12 @@
 """The link stage, PREMem step 2a: per-session clustering chosen by silhouette, and cross-session
 linking against the user's persistent cluster pool (cosine of centroids > θ).
 
+Sessions are linked in time order, each against the pool as it stands after the earlier ones. A
+reopened session (messages appended after its consolidation) clusters its new fragments on their
+own and links them against the pool without its own older clusters (links are across sessions); a
+late session (dated before the watermark) links against the pool as of the watermark, and a pool
+cluster it consumes gets its (earlier) time as `consumed_ts`, so it leaves the pool of later runs.
+
 Clustering is average-linkage agglomerative on cosine distance (SciPy), cut at the k in
 2..max_clusters with the best silhouette (scikit-learn). The paper fixes only the silhouette
 criterion; agglomerative cuts are deterministic (no random restarts, so re-runs and split
@@ -38,7 +44,10 @@ def link(state: ShardState, ctx: StageContext) -> ShardState:
                 for fid in c.member_ids:
                     by_id[fid]["cluster_id"] = c.id
             pool = state.pools.get(session.user_id, [])
-            links, state.pools[session.user_id] = link_session(pool, clusters, ctx.settings.theta)
+            own = [p for p in pool if p.session_id == session.session_id]  # a reopened session's clusters
+            links, rest = link_session([p for p in pool if p.session_id != session.session_id] if own else pool,
+                                       clusters, ctx.settings.theta)
+            state.pools[session.user_id] = own + rest
             state.clusters.extend(clusters)
             state.links.extend(links)
     return state

@@ -33,13 +33,17 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
 
 
 def pair_context(link: Link, fragments: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The reasoning context of one linked pair: the fragments of p (earlier) and c (later)."""
+    """The reasoning context of one linked pair: the fragments of p (earlier) and c (later); a late
+    session's cluster c that is older than p comes first."""
     def view(ids: list[str]) -> list[dict[str, Any]]:
         return [{k: fragments[i][k] for k in ("id", "subject", "category", "key", "content", "date",
                                                 "source_ids")} for i in ids if i in fragments]
 
+    earlier, later = link.pool, link.new
+    if earlier.session_ts > later.session_ts:  # a late session linked to a pool cluster after it
+        earlier, later = later, earlier
     return {"user_id": link.new.user_id, "link_id": link.id,
-            "earlier": view(link.pool.member_ids), "later": view(link.new.member_ids)}
+            "earlier": view(earlier.member_ids), "later": view(later.member_ids)}
 
 
 def insight_rows(link: Link, items: list[dict[str, Any]], *, run_id: str, backend: str, model: str) -> list[dict[str, Any]]:

@@ -37,6 +37,28 @@ class SessionWork:
     messages: list[dict[str, Any]]        # message_id, speaker, text, ts
     observed: bool = False
     observations: list[dict[str, Any]] | None = None
+    #: "new" (first consolidation), "full" (reopened: appended messages or a pending extraction; every
+    #: stage over `messages` only) or "topics" (only the topic requests of the retried subjects)
+    mode: str = "new"
+    #: the session's message count when loaded
+    n_messages: int = 0
+    #: pending items (see `memory.stages.load`) this run retries
+    retrying: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def first(self) -> bool:
+        """Whether this is the session's first consolidation."""
+        return self.mode == "new"
+
+    @property
+    def extracts(self) -> bool:
+        """Whether extract and the stages after it take this session (not a topics-only retry)."""
+        return self.mode != "topics"
+
+    @property
+    def topic_subjects(self) -> list[str]:
+        """The subjects a topics-only retry asks about."""
+        return [i["subject"] for i in self.retrying if i["work"] == "topics"]
 
     @property
     def participants(self) -> list[str]:
@@ -113,6 +135,18 @@ class ShardState:
     extra: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: table -> users whose rows `commit` deletes before writing `extra` (a rebuilt graph)
     replace: dict[str, list[str]] = field(default_factory=dict)
+    #: stored `progress` rows of the sessions (and users, key session "") this shard works on
+    progress: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: progress rows `load` made for users consolidated before progress was tracked
+    migrate: list[dict[str, Any]] = field(default_factory=list)
+    #: users whose quarantined summaries this run retries
+    summary_retry: list[str] = field(default_factory=list)
+    #: work this run quarantined: (user, session id or "") -> {work key: quarantine row ids}
+    quarantined_work: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
+    #: runs a quarantined piece of work may take before it is given up
+    max_attempts: int = 3
+    #: what `commit` left of quarantined work: sessions (and users) pending, given up, retried, recovered
+    outcome: dict[str, int] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -170,6 +204,25 @@ def merge_llm(state: ShardState, stats: LLMStats) -> None:
         state.llm[k] = state.llm.get(k, 0) + int(v)
 
 
+def quarantine_work(state: ShardState, row: dict[str, Any], user: str, session_id: str, work: str) -> None:
+    """A quarantine row for `commit`, leaving `work` of that session ("" for the user's own work:
+    summaries) pending for the next run: `extract`, `topics:<subject>` or `summarize`."""
+    state.quarantine.append(row)
+    ids = state.quarantined_work.setdefault((user, session_id), {}).setdefault(work, [])
+    if row["id"] not in ids:
+        ids.append(row["id"])
+
+
+def progress_id(user: str, session_id: str | None) -> str:
+    """The id of a `progress` row: one per session, and one per user (`session_id` None)."""
+    return make_id("progress", user, session_id or "")
+
+
+def active(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pending items of a `progress` row still to retry (not given up)."""
+    return [i for i in items if not i.get("given_up")]
+
+
 def add_rows(state: ShardState, table: str, rows: list[dict[str, Any]]) -> None:
     """Rows of `table` for `commit` to write."""
     state.extra.setdefault(table, []).extend(rows)
@@ -204,6 +257,10 @@ def all_fragments(state: ShardState, store: Store) -> dict[str, dict[str, Any]]:
 def new_nodes(state: ShardState, user: str, kinds: tuple[str, ...] = ("fragment", "insight")) -> list[Node]:
     """The shard's new memories of one user as nodes (unordered)."""
     seqs = {m["message_id"]: int(m.get("seq") or 0) for m in state.message_rows if m["user_id"] == user}
+    for s in state.sessions:  # a reopened session's messages embedded earlier are not rewritten
+        if s.user_id == user:
+            for m in s.messages:
+                seqs.setdefault(m["message_id"], int(m.get("seq") or 0))
     out = []
     if "fragment" in kinds:
         out += [node_of(f, "fragment", seqs) for f in state.fragments

@@ -18,7 +18,9 @@ Incremental (§3.3.3): only the new fragments of a run are segmented and summari
 never merges with an older phase); the profile is then re-synthesized from every local summary,
 old and new. Phases of sessions newer than the watermark are ignored when reading, so a re-run
 after a crash converges. A user whose stored fragments are not all covered by phases (an older
-store) and every user on `Settings.rebuild_graph` is re-segmented from scratch.
+store) and every user on `Settings.rebuild_graph` is re-segmented from scratch. A quarantined phase
+summary or profile leaves the user's summaries pending (`memory.stages.load`): a later run
+summarizes the fragments outside every stored phase as new phases and re-synthesizes the profile.
 """
 from __future__ import annotations
 
@@ -30,12 +32,12 @@ import numpy as np
 import polars as pl
 
 from memory import prompts
-from memory.graph import Node, stored_ids, with_stored
+from memory.graph import Node, stored_ids, stored_nodes, with_stored
 from memory.ids import make_id
 from memory.read import PROFILE_KEY
 from memory.segments import breakpoints
 from memory.stages.shard import (ShardState, StageContext, add_rows, frame, has_stored, merge_llm, new_nodes,
-                                 replace_user, timed, users_to_update)
+                                 quarantine_work, replace_user, timed, users_to_update)
 from memory.store import Store
 
 log = logging.getLogger(__name__)
@@ -53,14 +55,18 @@ Plan = tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], list[Node]]]]
 def summarize(state: ShardState, ctx: StageContext) -> ShardState:
     """Summarize the shard's new phases (one LLM batch), then re-synthesize each profile (another)."""
     with timed(state, "summarize"):
-        plans = [plan_user(state, ctx, user) for user in users_to_update(state, ctx.settings, ("fragment",))]
-        if any(p for _, _, p in plans):
+        users = set(users_to_update(state, ctx.settings, ("fragment",))) | set(state.summary_retry)
+        plans = [plan_user(state, ctx, user) for user in state.users if user in users]
+        if any(p for _, _, p in plans) or state.summary_retry:
             write_summaries(state, ctx, plans)
     return state
 
 
 def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
-    """The user's stored phases to keep and new phases to summarize (all of them on a re-segmentation)."""
+    """The user's stored phases to keep and new phases to summarize (all of them on a re-segmentation).
+
+    A user whose summaries a quarantine left pending (`state.summary_retry`) also gets its stored
+    fragments outside every stored phase summarized as new phases (and its profile again)."""
     store = ctx.store
     until = state.watermarks[user][0]
     stored = has_stored(state, user)
@@ -70,7 +76,13 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
     if not rebuild and stored:
         old = stored_phases(store, user, until)
         covered = int(old["n_items"].sum()) if old.height else 0
-        if covered != len(stored_ids(store, user, until, ("fragment",))):
+        if user in state.summary_retry:
+            inside = {m for ms in old["member_ids"].to_list() for m in ms} if old.height else set()
+            known = {n.id for n in batch}
+            batch += [n for n in stored_nodes(store, user, until, ("fragment",))
+                      if n.id not in inside and n.id not in known]
+            old_rows = old.to_dicts()
+        elif covered != len(stored_ids(store, user, until, ("fragment",))):
             log.info("user %s has fragments outside its phases: re-segmenting", user)
             rebuild = True
         else:
@@ -108,7 +120,8 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
         if every:
             profile_plans.append((user, every))
     for q in bad:
-        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, q.request.context["phase_id"]))
+        user = q.request.context["user_id"]
+        quarantine_work(state, q.row(user, state.run_id, q.request.context["phase_id"]), user, "", "summarize")
     preq = [prompts.profile_request({"user_id": user, "summaries": [
         {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]} for r in every]})
         for user, every in profile_plans]
@@ -118,7 +131,8 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
     profiles = [profile_row(user, every, prompts.parse_profile(a), **meta)
                 for (user, every), a in zip(profile_plans, panswers) if a is not None]
     for q in pbad:
-        state.quarantine.append(q.row(q.request.context["user_id"], state.run_id, "profile"))
+        user = q.request.context["user_id"]
+        quarantine_work(state, q.row(user, state.run_id, "profile"), user, "", "summarize")
     rows = new_rows + profiles
     if rows:
         vecs = ctx.embedder.embed([r["text"] for r in rows])
@@ -130,7 +144,8 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
 def stored_phases(store: Store, user: str, until: datetime) -> pl.DataFrame:
     """The user's stored phase rows of sessions up to `until`, oldest first."""
     t = frame(store.read("summaries", user, columns=[
-        "id", "level", "session_id", "session_ts", "start_ts", "end_ts", "content", "n_items", "source_ids"]))
+        "id", "level", "session_id", "session_ts", "start_ts", "end_ts", "content", "n_items", "source_ids",
+        "member_ids"]))
     if t.height == 0:
         return t
     return t.filter((pl.col("level") == "phase") & (pl.col("session_ts") <= until)).sort(["start_ts", "end_ts", "id"])

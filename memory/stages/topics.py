@@ -17,6 +17,11 @@ the later ones are added as new topics. A merge answer that stays invalid after 
 quarantined and its topic added (nothing is lost). Participants with no fragment in the session
 (extraction found nothing personal about them, or was quarantined) get no topic request: the
 prompt's NO_TRAIT case, without paying for a call.
+
+A reopened session (messages appended after its consolidation, see `memory.stages.load`) asks
+only about its new messages; a quarantined request stays pending and is asked again, for its subject
+over the messages of its first attempt, by a later run. A merge by a late session (dated before
+topics already in the bank) keeps the target's newest `session_ts` and widens its date range.
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ from memory import prompts
 from memory.embed import Embedder
 from memory.ids import make_id
 from memory.llm.runner import LLMRunner
-from memory.stages.shard import SessionWork, ShardState, StageContext, add_rows, has_stored, merge_llm, timed
+from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows, has_stored, merge_llm,
+                                 quarantine_work, timed)
 from memory.store import Store
 from memory.text import key_phrase
 
@@ -86,7 +92,9 @@ def _day(ts: datetime) -> str:
 
 
 def _date_range(a: str, b: str) -> str:
-    first, last = a.split(" to ")[0], b.split(" to ")[-1]
+    """The range covering two dates or ranges (ISO days; a late session's may be the earlier one)."""
+    first = min(a.split(" to ")[0], b.split(" to ")[0])
+    last = max(a.split(" to ")[-1], b.split(" to ")[-1])
     return first if first == last else f"{first} to {last}"
 
 
@@ -157,13 +165,20 @@ def topics(state: ShardState, ctx: StageContext) -> ShardState:
         subjects: dict[tuple[str, str], set[str]] = {}
         for f in state.fragments:
             subjects.setdefault((f["user_id"], f["session_id"]), set()).add(f["subject"])
+        for s in state.sessions:  # reopened sessions: messages embedded earlier, topic retries
+            for m in s.messages:
+                if m.get("vector") is not None:
+                    vectors.setdefault((s.user_id, m["message_id"]), m["vector"])
+            if not s.extracts:
+                subjects[(s.user_id, s.session_id)] = set(s.topic_subjects)
 
         # 1. D.1.1: one batch for the shard
         contexts = extraction_contexts(state.sessions, vectors, subjects)
         answers, bad = runner.run([prompts.topic_extract_request(c) for c in contexts])
         for q in bad:
             c = q.request.context
-            state.quarantine.append(q.row(c["user_id"], state.run_id, f"{c['session_id']}/{c['subject']}"))
+            quarantine_work(state, q.row(c["user_id"], state.run_id, f"{c['session_id']}/{c['subject']}"),
+                            c["user_id"], c["session_id"], f"topics:{c['subject']}")
         new: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for tc, answer in zip(contexts, answers):
             if answer is None:
@@ -258,7 +273,7 @@ def _update_round(state: ShardState, runner: LLMRunner, embedder: Embedder, bank
             target.text = summary or target.text
             target.source_ids = list(dict.fromkeys(target.source_ids + it["source_ids"]))
             target.date = _date_range(target.date, _day(s.ts))
-            target.session_ts = s.ts
+            target.session_ts = max(target.session_ts, s.ts)
             target.merges += 1
             target.run_id, target.backend, target.model = state.run_id, backend.name, backend.model
             target.prompt_version = prompts.TOPIC_MERGE_VERSION

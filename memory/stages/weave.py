@@ -17,8 +17,9 @@ It is scikit-learn's KMeans with a fixed `random_state` and `n_init` over nodes 
 re-run gives the same labels, and cluster ids are hashes of the user, the batch and the label.
 
 Incremental (§3.3.3): a consolidation run weaves only the user's new memories as one batch, clustered
-on its own; its first node is linked to the last node already woven. Nodes of sessions newer than
-the user's watermark are ignored when reading the stored graph, so a run redone after a crash
+on its own; its first node is linked to the last node already woven (also when the batch holds the
+new fragments of a late or reopened session, dated before nodes already woven). Nodes of sessions
+newer than the user's watermark are ignored when reading the stored graph, so a run redone after a crash
 rebuilds the same rows. A user whose stored memories are not all woven (a store consolidated before
 this stage existed, or a rebuild interrupted after its delete) is rebuilt; `Settings.rebuild_graph`
 (`mnemo consolidate --rebuild-graph`) rebuilds every user of the run: all memories as one batch, the
