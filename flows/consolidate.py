@@ -70,7 +70,7 @@ RETRY_DELAYS_S = [5, 30]
 
 @task(name="load", cache_policy=NO_CACHE)
 def load_task(users: list[str], settings: Settings, run_id: str) -> ShardState:
-    return load_shard(_open(settings), users, run_id)
+    return load_shard(_open(settings), users, run_id, settings)
 
 
 @task(name="stage", cache_policy=NO_CACHE)
@@ -168,7 +168,8 @@ def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, An
         logger.error("%d of %d shards failed; their users keep their watermarks and are redone next run",
                      len(failed), len(shards))
         raise failed[0][1]
-    return {"run_id": report.run_id, "summary": report.summary(), "counts": report.counts, "llm": report.llm}
+    return {"run_id": report.run_id, "status": report.status, "summary": report.summary(),
+            "counts": report.counts, "outcome": report.outcome, "llm": report.llm}
 
 
 @task(name="train", task_run_name="train", cache_policy=NO_CACHE)

@@ -20,7 +20,7 @@ from tests.helpers import REPO, SAMPLE
 #: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
 COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "retrieve", "serve",
             "train-reranker", "bench"}
-BENCHES = {"consolidate", "locomo", "retrieval", "incremental", "rerank"}
+BENCHES = {"beam", "consolidate", "locomo", "retrieval", "incremental", "rerank"}
 
 
 def invoke(*args: str) -> Any:
@@ -90,7 +90,8 @@ def flows_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Settings, dic
 
     def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
         seen.append((name, settings, params))
-        return {"summary": f"{name} summary", "ingest": "ingest summary"}
+        status = "quarantined" if settings.llm == "quarantining" else "completed"
+        return {"summary": f"{name} summary", "ingest": "ingest summary", "status": status}
 
     monkeypatch.setattr(flows.consolidate, "run_flow", run_flow)
     return seen
@@ -116,6 +117,17 @@ def test_consolidate_flags_override_the_environment(monkeypatch: pytest.MonkeyPa
     assert Settings().theta == 0.6                                       # defaults never read it
 
 
+def test_a_run_that_quarantined_work_exits_3(tmp_path: Path,
+                                             flows_seen: list[tuple[str, Settings, dict[str, Any]]]) -> None:
+    """A nightly cron tells "finished, but LLM work was set aside" (3) from success (0) and bad input (2)."""
+    store = str(tmp_path / "store")
+    out = invoke("--store", store, "consolidate", "--llm", "quarantining")
+    assert out.exit_code == 3, out.output
+    assert out.stdout == "consolidate summary\n" and "quarantined" in out.stderr
+    out = invoke("--store", store, "backfill", str(SAMPLE), "-f", "jsonl", "--llm", "quarantining")
+    assert out.exit_code == 3, out.output
+
+
 def test_backfill_hands_its_archive_and_settings_to_the_flow(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         flows_seen: list[tuple[str, Settings, dict[str, Any]]]) -> None:
@@ -127,7 +139,7 @@ def test_backfill_hands_its_archive_and_settings_to_the_flow(
     assert out.stdout == "ingest summary\nbackfill summary\n"
     [(name, settings, params)] = flows_seen
     assert name == "backfill"
-    assert params == {"path": str(SAMPLE), "fmt": "jsonl", "observations_as_fragments": False}
+    assert params == {"path": str(SAMPLE), "fmt": "jsonl", "observations_as_fragments": False, "user_id": None}
     assert settings.llm_model == "flag-model" and settings.shard_size == 3
 
 

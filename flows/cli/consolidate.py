@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.context import console, csv, settings_of
+from flows.cli.context import console, csv, finish_run, settings_of
 from memory.errors import ConfigError
 
 #: how `mnemo consolidate` runs the stages
@@ -44,11 +44,13 @@ def consolidate(
             bar = progress.add_task("consolidating shards", total=len(shards))
             report = run_local(store, settings, on_shard=lambda _: progress.advance(bar), shards=shards)
         typer.echo(report.summary())
+        finish_run(report.status)
         return
     from flows.consolidate import run_flow
 
     result = run_flow("consolidate", settings, users=chosen)
     typer.echo(result["summary"])
+    finish_run(result["status"])
 
 
 def backfill(
@@ -71,6 +73,7 @@ def backfill(
                       user_id=user)
     typer.echo(result["ingest"])
     typer.echo(result["summary"])
+    finish_run(result["status"])
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,18 @@ from memory.settings import Settings
 #: progress bars and errors go to stderr, results to stdout
 console = Console(stderr=True)
 
+#: exit codes a scheduler can tell apart: bad input or configuration; a run that finished but set LLM
+#: work aside (quarantined, retried next run, or given up after `max_llm_attempts`)
+EXIT_BAD_INPUT = 2
+EXIT_QUARANTINED = 3
+
+
+def finish_run(status: str) -> None:
+    """End a consolidation command with the exit code its run status calls for."""
+    if status == "quarantined":
+        console.print("[yellow]some LLM work was quarantined: see the summary; it is retried next run[/]")
+        raise typer.Exit(EXIT_QUARANTINED)
+
 
 def settings_of(ctx: typer.Context) -> Settings:
     """The Settings the root callback read from the environment and the global --store (`ctx.obj`)."""
