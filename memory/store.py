@@ -1,7 +1,9 @@
 """The LanceDB store: opening tables, scoped reads and idempotent upserts.
 
 Every user-scoped read goes through a typed filter (`lancedb.expr`) on a validated user id, so
-no value is interpolated into SQL. Writes are `merge_insert` upserts on the deterministic `id`,
+no value is interpolated into SQL. A read can name a table version (a snapshot: readers that must
+see several tables as they were at one moment pin each to a version, through a small cache of
+handles checked out at those versions). Writes are `merge_insert` upserts on the deterministic `id`,
 de-duplicated per batch, through one writer per run (concurrent merge_insert of the same new key
 can duplicate upstream).
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, Iterable
 
@@ -28,6 +31,12 @@ log = logging.getLogger(__name__)
 # can duplicate upstream, and several Store objects may open the same uri
 _WRITE_LOCKS: dict[tuple[str, str], threading.Lock] = {}
 _WRITE_LOCKS_GUARD = threading.Lock()
+
+#: row-level virtual columns a read may ask for (the row's physical address changes when the row is
+#: rewritten: an update, a compaction)
+VIRTUAL_COLUMNS = {"_rowaddr": pa.uint64(), "_rowid": pa.uint64()}
+#: handles checked out at a past version, kept per store
+PINNED_HANDLES = 32
 
 
 def _write_lock(uri: str, name: str) -> threading.Lock:
@@ -61,6 +70,7 @@ class Store:
         # with a consistency interval LanceDB refreshes handles itself; without one we refresh them
         self._refresh = consistency_s is None
         self._lock = threading.Lock()
+        self._pinned: OrderedDict[tuple[str, int], Any] = OrderedDict()   # (table, version) -> handle
 
     # -- tables ---------------------------------------------------------------------------
     def table_names(self) -> list[str]:
@@ -131,6 +141,7 @@ class Store:
         with self._lock:
             self._tables.pop(name, None)
             self._indexed.discard(name)
+            self._forget_pinned(name)
         self.db.drop_table(name)
 
     def delete(self, name: str, where: Expr) -> None:
@@ -164,14 +175,19 @@ class Store:
         *,
         columns: list[str] | None = None,
         where: Expr | None = None,
+        version: int | None = None,
     ) -> pa.Table:
-        """Rows of one table, scoped to one user when `user_id` is given."""
-        if not self.has_table(name):
-            return schemas.schema_for(name, self.dim).empty_table() if columns is None else \
-                schemas.schema_for(name, self.dim).empty_table().select(columns)
-        tbl = self.table(name)
-        if self._refresh:
-            tbl.checkout_latest()
+        """Rows of one table, scoped to one user when `user_id` is given; as they were at table
+        version `version` when given (0: the table did not exist then), else at the latest.
+        `columns` may name the virtual `_rowaddr` / `_rowid`."""
+        if version == 0 or not self.has_table(name):
+            return self._empty(name, columns)
+        if version is None:
+            tbl = self.table(name)
+            if self._refresh:
+                tbl.checkout_latest()
+        else:
+            tbl = self.at_version(name, version)
         cond = user_filter(user_id) if user_id is not None else None
         if where is not None:
             cond = where if cond is None else (cond & where)
@@ -181,6 +197,39 @@ class Store:
         if columns is not None:
             q = q.select(columns)
         return q.limit(None).to_arrow()
+
+    def _empty(self, name: str, columns: list[str] | None) -> pa.Table:
+        schema = schemas.schema_for(name, self.dim)
+        if columns is None:
+            return schema.empty_table()
+        fields = [pa.field(c, VIRTUAL_COLUMNS[c]) if c in VIRTUAL_COLUMNS else schema.field(c) for c in columns]
+        return pa.schema(fields).empty_table()
+
+    def at_version(self, name: str, version: int) -> Any:
+        """A read-only handle of table `name` checked out at `version` (cached: the next reads of the
+        same version reuse it)."""
+        key = (name, int(version))
+        with self._lock:
+            tbl = self._pinned.get(key)
+            if tbl is not None:
+                self._pinned.move_to_end(key)
+                return tbl
+        try:
+            tbl = self.db.open_table(name)
+            tbl.checkout(key[1])
+        except Exception as exc:   # lancedb raises plain errors for a missing or cleaned-up version
+            raise StoreError(f"cannot read table {name!r} at version {version}: {exc}", table=name,
+                             version=version) from exc
+        with self._lock:
+            self._pinned[key] = tbl
+            while len(self._pinned) > PINNED_HANDLES:
+                self._pinned.popitem(last=False)
+        return tbl
+
+    def _forget_pinned(self, name: str, newer_than: int = -1) -> None:
+        """Drop the pinned handles of `name` above a version (caller holds `_lock`)."""
+        for key in [k for k in self._pinned if k[0] == name and k[1] > newer_than]:
+            del self._pinned[key]
 
     def read_ids(self, name: str, ids: Iterable[str], *, columns: list[str] | None = None) -> pa.Table:
         ids = list(ids)
@@ -207,7 +256,10 @@ class Store:
             return 0
         tbl = self.table(name)
         tbl.checkout_latest()
-        return int(tbl.version)
+        latest = int(tbl.version)
+        with self._lock:   # versions went back: the table was dropped and made again; old pins are void
+            self._forget_pinned(name, newer_than=latest)
+        return latest
 
 
 def _dedupe_last(table: pa.Table) -> pa.Table:

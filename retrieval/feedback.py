@@ -1,8 +1,9 @@
 """Citation feedback (RMM §6.2): what the answering LLM was shown for a query and what it cited.
 
 The one online write of the retriever. A record is scoped to its user and validated before it is
-stored: the query is non-empty, `shown_ids` are distinct ids of memories retrievable for that user
-(any searchable kind), `cited_ids` ⊆ `shown_ids`. Writes go through one lock per process (one
+stored: the query is not blank, `shown_ids` are distinct ids of memories retrievable for that user
+(any searchable kind), `cited_ids` ⊆ `shown_ids`, `reranker_version` (if any) is a version number
+(0 to 2**63 - 1, the store's int64). Writes go through one lock per process (one
 writer per table); the id is a hash of (user, query, shown, cited), so a retried POST is stored
 once. The nightly `train` task (`retrieval.rerank.train`) reads the records newer than the last
 reranker version.
@@ -21,6 +22,8 @@ from memory.ids import make_id, validate_user_id
 from memory.store import Store
 
 MAX_SHOWN = 200
+#: reranker versions are stored as signed 64-bit integers
+MAX_RERANKER_VERSION = 2**63 - 1
 
 
 class InvalidFeedbackError(ConfigError):
@@ -35,7 +38,7 @@ def validate(user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequ
     """The checked (user, shown, cited); raises InvalidFeedbackError with the offending ids."""
     user_id = validate_user_id(user_id)
     if not isinstance(query, str) or not query.strip():
-        raise InvalidFeedbackError("feedback needs the query", user_id=user_id)
+        raise InvalidFeedbackError("feedback needs the query (it is blank)", user_id=user_id)
     if len(query) > max_query_chars:
         raise InvalidFeedbackError(f"query longer than {max_query_chars} characters", user_id=user_id)
     shown, cited = list(shown_ids or []), list(cited_ids or [])
@@ -76,6 +79,10 @@ class FeedbackLog:
                reranker_version: int | None = None, max_query_chars: int = 4000) -> dict[str, Any]:
         """Validate, then write one record; `embed` (query -> vector) runs only for a valid record."""
         user_id, shown, cited = validate(user_id, query, shown_ids, cited_ids, known_ids, max_query_chars)
+        if reranker_version is not None and (isinstance(reranker_version, bool) or not isinstance(
+                reranker_version, int) or not 0 <= reranker_version <= MAX_RERANKER_VERSION):
+            raise InvalidFeedbackError(f"reranker_version must be an integer from 0 to {MAX_RERANKER_VERSION}",
+                                       user_id=user_id)
         row = {"id": feedback_id(user_id, query, shown, cited), "user_id": user_id, "query": query,
                "query_vector": None if embed is None else np.asarray(embed(query), dtype=np.float32),
                "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,

@@ -3,24 +3,38 @@
 A `UserIndex` holds the unit vectors of every searchable row (the tables of
 `schemas.MEMORY_TABLES`: messages with a vector, fragments, insights, summaries, topics) as one
 float32 matrix, the rows' metadata as one Arrow table (materialized only for the items a query
-returns), and, built on first use, the BM25 index and the per-user gate calibration. `IndexCache` re-reads table versions at most every
-`refresh_ms` and drops every cached user when a memory table moved (consolidation wrote).
+returns), and, built on first use, the BM25 index, the per-user gate calibration and the graph.
+
+Every index is one snapshot: each table it reads (`TRACKED`: the memory tables and the graph's) is
+read at the version of the cache's current snapshot (`Store.read(version=...)`), never at whatever
+is latest when the read happens, so an index never mixes a table before a write with another after
+it. The index keeps, per table, a digest of its rows' physical addresses (`_rowaddr`, which changes
+whenever a row is inserted, rewritten or deleted).
+
+`IndexCache` re-reads the table versions at most every `refresh_ms`. When tables moved, a cached
+user is checked on its next request: one address-only read of its rows per moved table; a user
+whose rows are all where they were keeps its index (the same object, its memos intact), a user a
+write touched gets a new index, built in full and then put in place in one step (requests for that
+user wait for the one build; other users are never held up).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memory import schemas
+from memory.errors import StoreError
 from memory.ids import validate_user_id
 from memory.store import Store
 from retrieval.lexical import BM25Index
@@ -32,6 +46,17 @@ T = TypeVar("T")
 META = pa.schema([("id", pa.string()), ("kind", pa.string()), ("text", pa.string()), ("key", pa.string()),
                   ("date", pa.string()), ("source_ids", pa.list_(pa.string())),
                   ("ts", pa.timestamp("us", tz="UTC"))])
+
+#: the tables an index reads (the memory tables, then the graph's, read by the walk on first use)
+TRACKED: tuple[str, ...] = tuple(schemas.MEMORY_TABLES.values()) + ("graph_nodes", "graph_edges")
+ADDR = "_rowaddr"
+
+
+def rows_digest(addresses: pa.ChunkedArray | pa.Array) -> bytes:
+    """A digest of a set of row addresses (order-free)."""
+    arr = addresses.combine_chunks() if isinstance(addresses, pa.ChunkedArray) else addresses
+    values = np.sort(arr.to_numpy(zero_copy_only=False).astype(np.uint64))
+    return hashlib.blake2b(values.tobytes(), digest_size=16).digest()
 
 
 @dataclass
@@ -45,6 +70,10 @@ class UserIndex:
     messages: pa.Table                     # message_id, speaker, text of every turn
     load_ms: float = 0.0
     store: Store | None = None             # where it was read from (the MemWeaver walk loads its graph)
+    #: the snapshot: the version of each `TRACKED` table it was read at (empty: read at the latest)
+    versions: tuple[int, ...] = ()
+    #: table -> digest of the user's row addresses there, for every table read so far
+    digests: dict[str, bytes] = field(default_factory=dict)
     _lexical: BM25Index | None = None
     _extra: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)   # a memo may build from another memo
@@ -82,6 +111,22 @@ class UserIndex:
     def rows(self, idx: np.ndarray) -> list[dict[str, Any]]:
         return self.meta.take(pa.array(idx, type=pa.int64())).to_pylist()
 
+    def version_of(self, table: str) -> int | None:
+        """The version of `table` this index was read at (None: the latest)."""
+        return self.versions[TRACKED.index(table)] if self.versions and table in TRACKED else None
+
+    def read(self, table: str) -> pa.Table:
+        """The user's rows of a tracked table at this index's snapshot (the walk's graph); their
+        digest is kept, so a later write to them renews the index."""
+        if self.store is None:
+            raise StoreError(f"the index of user {self.user_id} was not read from a store")
+        with self._lock:
+            version = self.version_of(table)
+            t = self.store.read(table, self.user_id, version=version)
+            addresses = self.store.read(table, self.user_id, columns=[ADDR], version=version)
+            self.digests[table] = rows_digest(addresses.column(ADDR))
+        return t
+
 
 def _vectors(col: pa.ChunkedArray, dim: int) -> np.ndarray:
     arr = col.combine_chunks()
@@ -114,21 +159,26 @@ _META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts"],
               "memory": ["id", "text", "key", "date", "source_ids", "session_ts"]}
 
 
-def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None = None) -> UserIndex:
-    """Read one user's embedded memories of every kind (two scoped reads per table).
+def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None = None,
+              versions: tuple[int, ...] = ()) -> UserIndex:
+    """Read one user's embedded memories of every kind (two scoped reads per table), each table at
+    its version in `versions` (aligned with `TRACKED`; empty: at the latest).
 
     Metadata is read first; with `lexical=(k1, b)` the BM25 index is built in a thread (Polars and
     LanceDB release the GIL) while the vectors are read, which is most of a cold query's cost.
     """
     start = time.perf_counter()
     user_id = validate_user_id(user_id)
-    metas, tables = [], []
+    at = dict(zip(TRACKED, versions))
+    metas, tables, digests = [], [], {}
     messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
                          "text": pa.array([], pa.string())})
     for kind, table in schemas.MEMORY_TABLES.items():
         cols = _META_COLS["message" if kind == "message" else "memory"]
-        t = store.read(table, user_id, columns=cols + ["vector"]) if kind == "message" else \
-            store.read(table, user_id, columns=cols)
+        t = store.read(table, user_id, columns=cols + ["vector", ADDR] if kind == "message" else cols + [ADDR],
+                       version=at.get(table))
+        digests[table] = rows_digest(t.column(ADDR))
+        t = t.drop_columns([ADDR])
         if kind == "message" and t.num_rows:
             messages = t.select(["message_id", "speaker", "text"])
             t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
@@ -143,19 +193,36 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
         if table == schemas.MEMORY_TABLES["message"]:
             vecs.append(_vectors(t.column("vector"), store.dim))
             continue
-        v = store.read(table, user_id, columns=["id", "vector"])
+        v = store.read(table, user_id, columns=["id", "vector"], version=at.get(table))
         order = pc.index_in(t.column("id"), value_set=v.column("id").combine_chunks())
         vecs.append(_vectors(v.column("vector").take(order), store.dim))
     z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
     names = [m.column("kind")[0].as_py() for m in metas]
     kinds = np.repeat(np.asarray(names, dtype=str), [m.num_rows for m in metas]) if metas \
         else np.zeros(0, dtype=str)
-    idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store)
+    idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store,
+                    versions=tuple(versions), digests=digests)
     if future is not None:
         idx._lexical = future.result()
     idx.load_ms = (time.perf_counter() - start) * 1000
     log.debug("loaded %d memories of user %s in %.1f ms", len(kinds), user_id, idx.load_ms)
     return idx
+
+
+def unchanged(store: Store, index: UserIndex, versions: tuple[int, ...]) -> bool:
+    """True when every row of the user that `index` read sits where it sat in every tracked table
+    that moved between the index's snapshot and `versions` (one address-only read per such table)."""
+    if len(index.versions) != len(TRACKED) or len(versions) != len(TRACKED):
+        return False
+    for table, old, new in zip(TRACKED, index.versions, versions):
+        if old == new or table not in index.digests:
+            continue                         # not moved, or never read (the graph before the first walk)
+        if new < old:
+            return False                     # the table was dropped and made again
+        t = store.read(table, index.user_id, columns=[ADDR], version=new)
+        if rows_digest(t.column(ADDR)) != index.digests[table]:
+            return False
+    return True
 
 
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mnemo-bm25")
@@ -167,7 +234,8 @@ def _build_lexical(meta: pa.Table, params: tuple[float, float]) -> Future[BM25In
 
 
 class IndexCache:
-    """Per-user indexes, LRU-bounded, valid while the memory tables keep their versions."""
+    """Per-user indexes, LRU-bounded, each one snapshot of the tracked tables; a user is renewed
+    when a write touched its rows (see the module doc)."""
 
     def __init__(self, store: Store, refresh_ms: int = 500, max_users: int = 256,
                  lexical: tuple[float, float] | None = None) -> None:
@@ -178,39 +246,71 @@ class IndexCache:
         self._users: OrderedDict[str, UserIndex] = OrderedDict()
         self._versions: tuple[int, ...] | None = None
         self._checked = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()              # the dict, the snapshot
+        self._check_lock = threading.Lock()        # one thread reads the versions at a time
+        self._building: dict[str, list[Any]] = {}  # user -> [lock, waiters]: one build per user
 
     def versions(self) -> tuple[int, ...]:
-        """Latest version of every memory table (0 when missing)."""
-        return tuple(self.store.version(name) for name in schemas.MEMORY_TABLES.values())
+        """Latest version of every tracked table (0 when missing)."""
+        return tuple(self.store.version(name) for name in TRACKED)
 
-    def check(self, force: bool = False) -> None:
-        """Re-read table versions when `refresh_ms` passed; drop every user when one moved."""
-        now = time.monotonic()
-        if not force and self._versions is not None and now - self._checked < self.refresh_s:
-            return
-        current = self.versions()
+    def check(self, force: bool = False) -> tuple[int, ...]:
+        """The current snapshot: the versions re-read when `refresh_ms` passed (or `force`)."""
         with self._lock:
-            self._checked = now
-            if current != self._versions:
-                if self._versions is not None:
-                    log.info("memory tables changed %s -> %s: reloading users", self._versions, current)
-                self._versions = current
-                self._users.clear()
+            if not force and self._versions is not None and time.monotonic() - self._checked < self.refresh_s:
+                return self._versions
+        with self._check_lock:                     # reads in order: versions never seem to go back
+            now = time.monotonic()
+            with self._lock:
+                if not force and self._versions is not None and now - self._checked < self.refresh_s:
+                    return self._versions
+            current = self.versions()
+            with self._lock:
+                if self._versions is not None and current != self._versions:
+                    log.debug("tables moved %s -> %s: users are checked on their next request",
+                              self._versions, current)
+                self._versions, self._checked = current, now
+                return current
 
     def get(self, user_id: str) -> UserIndex:
-        self.check()
+        snapshot = self.check()
         with self._lock:
             idx = self._users.get(user_id)
-            if idx is not None:
+            if idx is not None and idx.versions == snapshot:
                 self._users.move_to_end(user_id)
                 return idx
-        idx = load_user(self.store, user_id, lexical=self.lexical)
+        with self._build_lock(user_id):
+            with self._lock:
+                snapshot = self._versions or snapshot      # the newest (it may have moved meanwhile)
+                idx = self._users.get(user_id)
+            if idx is not None and idx.versions != snapshot:
+                with idx._lock:                              # no graph read half done
+                    if unchanged(self.store, idx, snapshot):
+                        idx.versions = snapshot             # the same rows: keep the index and its memos
+                    else:
+                        idx = None
+            if idx is None:
+                idx = load_user(self.store, user_id, lexical=self.lexical, versions=snapshot)
+            with self._lock:                                 # the swap: one assignment
+                self._users[user_id] = idx
+                self._users.move_to_end(user_id)
+                while len(self._users) > self.max_users:
+                    self._users.popitem(last=False)
+            return idx
+
+    @contextmanager
+    def _build_lock(self, user_id: str) -> Iterator[None]:
         with self._lock:
-            self._users[user_id] = idx
-            while len(self._users) > self.max_users:
-                self._users.popitem(last=False)
-        return idx
+            entry = self._building.setdefault(user_id, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._building[user_id]
 
     def clear(self) -> None:
         with self._lock:

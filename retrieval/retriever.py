@@ -17,6 +17,7 @@ import numpy as np
 from memory.embed import Embedder, embedder_for
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
+from memory.schemas import MEMORY_TABLES
 from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
 from retrieval.context import build_context
@@ -34,6 +35,31 @@ class UnknownStrategyError(ConfigError):
     def __init__(self, name: str) -> None:
         super().__init__(f"unknown retrieval strategy: {name!r} (known: {', '.join(STRATEGIES)})",
                          name=name, known=list(STRATEGIES))
+
+
+class InvalidQueryError(ConfigError):
+    """A query the retriever cannot rank for: blank text, or memory kinds no table holds."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message, **context)
+
+
+def check_kinds(kinds: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The searched kinds as a tuple (None: the settings' kinds); raises InvalidQueryError for an
+    empty list or a kind no memory table holds, naming the known kinds."""
+    if kinds is None:
+        return None
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    asked = tuple(kinds)
+    known = ", ".join(MEMORY_TABLES)
+    if not asked:
+        raise InvalidQueryError(f"kinds is empty: leave it out for the default, or name some of: {known}")
+    unknown = [k for k in asked if k not in MEMORY_TABLES]
+    if unknown:
+        raise InvalidQueryError(f"unknown memory kinds {unknown[:5]} (known: {known})", kinds=unknown[:20],
+                                known=list(MEMORY_TABLES))
+    return asked
 
 
 @dataclass
@@ -142,16 +168,22 @@ class Retriever:
                  text: str | None = None, rerank: bool | None = None) -> RetrievalResult:
         """Rank one user's memories for a query (text, or a precomputed vector plus optional `text`
         for the lexical channel). Unknown users get no items; other users' rows are never read.
+        `strategy` None means `settings.default_strategy` (an empty or unknown name raises
+        UnknownStrategyError); `kinds` None the settings' kinds (an empty list or an unknown kind
+        raises InvalidQueryError, as does a blank text query).
 
         `rerank` (default: settings.rerank) applies the latest RMM reranker: the strategy's top
         `rerank_top_k` candidates are re-scored and the top k (default `rerank_top_m`) returned;
         fewer when the strategy deduplicates sources and reordering left some candidates covered."""
         user_id = validate_user_id(user_id)
         s = self.settings
-        name = strategy or s.default_strategy
+        name = s.default_strategy if strategy is None else strategy
         fn = STRATEGIES.get(name)
         if fn is None:
             raise UnknownStrategyError(name)
+        searched = check_kinds(kinds)
+        if isinstance(query, str) and not query.strip():
+            raise InvalidQueryError("the query is blank (empty or whitespace only)", user_id=user_id)
         do_rerank = s.rerank if rerank is None else bool(rerank)
         k = int(k or (s.rerank_top_m if do_rerank else s.k))
         if not 1 <= k <= s.max_k:
@@ -176,7 +208,7 @@ class Retriever:
         if vec.shape[0] != index.z.shape[1]:
             raise ConfigError(f"query vector has {vec.shape[0]} dimensions, the store {index.z.shape[1]}")
         q = Query(index=index, vector=vec, text=text, k=max(k, s.rerank_top_k) if do_rerank else k, settings=s,
-                  kinds=tuple(kinds) if kinds else tuple(s.kinds))
+                  kinds=searched or tuple(s.kinds))
         rows, scores, route = fn(q)
         if do_rerank:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,

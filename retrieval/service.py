@@ -6,39 +6,60 @@
     POST /v1/users/{user_id}/feedback      {"query", "shown_ids", "cited_ids"} -> stored record id (RMM)
 
 When an API key is configured (`RetrievalSettings.api_key`, read from MNEMO_API_KEY by
-`memory.settings.load_settings`) every /v1 call needs `Authorization: Bearer <key>`
-(401 otherwise). HTTP codes are chosen here only: malformed user id, unknown strategy or bad body
-422; query longer than `max_query_chars` 413; unknown users get an empty result (200).
+`memory.settings.load_settings`) every call but /healthz and the docs needs
+`Authorization: Bearer <key>`: `retrieval.guard.RequestGuard` answers 401 before reading any body,
+and 413 as soon as a body (chunked or not) passes `max_query_chars * 4 + 8192` bytes.
+HTTP codes are chosen here only: malformed user id, blank query, unknown strategy (`""` included),
+unknown memory kind, out-of-range number or bad body 422; query longer than `max_query_chars` 413;
+unknown users get an empty result (200).
 """
 from __future__ import annotations
 
-import hmac
 import logging
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from memory.errors import ConfigError, InvalidUserIdError, MnemoError
+from memory.schemas import MEMORY_TABLES
+from retrieval.guard import RequestGuard
 from retrieval.retriever import Retriever
 
 log = logging.getLogger(__name__)
 
 
+#: the largest value of a signed 64-bit integer (the store's integer columns)
+INT64_MAX = 2**63 - 1
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("query is blank (whitespace only)")
+    return value
+
+
+#: a query: at least one character that is not whitespace
+QueryText = Annotated[str, Field(min_length=1), AfterValidator(_not_blank)]
+
+
 class RetrieveRequest(BaseModel):
-    query: str = Field(..., min_length=1, description="the user's question or message")
+    query: QueryText = Field(..., description="the user's question or message")
     k: Optional[int] = Field(None, ge=1, description="items to return (default: the service's k)")
-    strategy: Optional[str] = Field(None, description="strategy name (default: the project's best)")
-    kinds: Optional[list[str]] = Field(None, description="memory kinds to search (default: all)")
+    strategy: Optional[str] = Field(None, description="strategy name (default: the project's best; "
+                                    "an empty name is refused)")
+    kinds: Optional[list[str]] = Field(None, description=f"memory kinds to search (of {', '.join(MEMORY_TABLES)}; "
+                                       "default: the service's kinds; unknown kinds are refused)")
     rerank: Optional[bool] = Field(None, description="apply the RMM reranker (default: the service's setting)")
 
 
 class FeedbackRequest(BaseModel):
-    query: str = Field(..., min_length=1, description="the query the memories were retrieved for")
+    query: QueryText = Field(..., description="the query the memories were retrieved for")
     shown_ids: list[str] = Field(..., min_length=1, description="memory ids shown to the answering LLM")
     cited_ids: list[str] = Field(default_factory=list, description="the shown ids it cited")
-    reranker_version: Optional[int] = Field(None, description="reranker version that chose them, if any")
+    reranker_version: Optional[int] = Field(None, ge=0, le=INT64_MAX,
+                                            description="reranker version that chose them, if any")
 
 
 class ContextRequest(RetrieveRequest):
@@ -51,22 +72,7 @@ def create_app(retriever: Retriever) -> FastAPI:
     app = FastAPI(title="mnemo retrieval", version="0.1.0",
                   description="RF-Mem retrieval over consolidated long-term memory.")
     key = settings.api_key.get_secret_value() if settings.api_key else None
-    body_limit = settings.max_query_chars * 4 + 8192
-
-    def authorize(request: Request) -> None:
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > body_limit:
-            return JSONResponse({"detail": f"request body over {body_limit} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(RequestGuard, api_key=key, max_body=settings.max_query_chars * 4 + 8192)
 
     @app.exception_handler(InvalidUserIdError)
     async def bad_user(_: Request, exc: InvalidUserIdError) -> JSONResponse:
@@ -92,12 +98,12 @@ def create_app(retriever: Retriever) -> FastAPI:
         return {"status": "ok", "store": retriever.store.uri, "strategies": retriever.strategies,
                 "default_strategy": settings.default_strategy}
 
-    @app.post("/v1/users/{user_id}/retrieve", dependencies=[Depends(authorize)])
+    @app.post("/v1/users/{user_id}/retrieve")
     def retrieve(user_id: str, body: RetrieveRequest) -> dict[str, Any]:
         """Ranked memories of one user for a query, with the route taken and the signals."""
         return _run(user_id, body).to_dict()
 
-    @app.post("/v1/users/{user_id}/context", dependencies=[Depends(authorize)])
+    @app.post("/v1/users/{user_id}/context")
     def context(user_id: str, body: ContextRequest) -> dict[str, Any]:
         """Prompt-ready context: retrieved memories, chronological, dated, within max_tokens."""
         res = _run(user_id, body)
@@ -105,7 +111,7 @@ def create_app(retriever: Retriever) -> FastAPI:
                 "context": res.context(max_tokens=body.max_tokens or settings.context_tokens),
                 "item_ids": res.ids, "signals": res.signals}
 
-    @app.post("/v1/users/{user_id}/feedback", dependencies=[Depends(authorize)])
+    @app.post("/v1/users/{user_id}/feedback")
     def feedback(user_id: str, body: FeedbackRequest) -> dict[str, Any]:
         """Log what the answering LLM was shown and cited (RMM); ids must be this user's memories."""
         if len(body.query) > settings.max_query_chars:

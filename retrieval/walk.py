@@ -32,7 +32,8 @@ is ours, chosen on the LoCoMo dev split (bench/RESULTS.md), one setting for both
   search cannot see.
 
 The graph (stored by the weave stage: cluster membership in `graph_nodes`, temporal edges in
-`graph_edges`, read through `memory.read.load_graph`) is loaded once per user index and cached with it.
+`graph_edges`, read through `UserIndex.read` at the index's snapshot) is loaded once per user index and cached
+with it.
 """
 from __future__ import annotations
 
@@ -44,7 +45,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from memory.read import load_graph
 from retrieval.index import UserIndex
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -139,15 +139,21 @@ def _cited_messages(index: UserIndex, rows: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+def _frame(table: pa.Table) -> pl.DataFrame:
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return df
+
+
 def graph_for(index: UserIndex) -> Graph | None:
     """The user's graph, loaded on first use and kept with the index (None without a store)."""
     store = index.store
     if store is None:
         return None
 
-    def load() -> Graph:
-        nodes, edges = load_graph(store, index.user_id)
-        return build_graph(index, nodes, edges)
+    def load() -> Graph:   # at the index's snapshot, like its rows
+        nodes, edges = _frame(index.read("graph_nodes")), _frame(index.read("graph_edges"))
+        return build_graph(index, nodes.sort("seq") if nodes.height else nodes, edges)
 
     return index.memo("memweaver-graph", load)
 

@@ -60,6 +60,16 @@ def test_invalid_feedback_is_refused(retriever: Retriever, shown: list[str], cit
     assert read_feedback(retriever.store).num_rows == before
 
 
+@pytest.mark.parametrize("version", [2**63, -1, True, 1.5])
+def test_reranker_version_out_of_range_is_refused(retriever: Retriever, version: Any) -> None:
+    before = read_feedback(retriever.store).num_rows
+    with pytest.raises(InvalidFeedbackError, match="reranker_version"):
+        retriever.feedback("eve", "what pet do I have?", ["eve-m0"], [], reranker_version=version)
+    assert read_feedback(retriever.store).num_rows == before
+    with pytest.raises(InvalidFeedbackError, match="blank"):
+        retriever.feedback("eve", " \n ", ["eve-m0"], [])
+
+
 @pytest.fixture(scope="module")
 def client(retriever: Retriever, serve_app: Callable[[Any], ContextManager[str]]) -> Iterator[httpx.Client]:
     with serve_app(create_app(retriever)) as url, httpx.Client(base_url=url, timeout=30) as c:

@@ -1,12 +1,15 @@
 """The retriever over a real LanceDB store in a temp dir with the real embedder: public API,
-every strategy, tenant isolation, unknown and malformed users, cache refresh, context, citations."""
+every strategy, tenant isolation, unknown and malformed users, refused queries, cache refresh (only
+the users a write touched, one snapshot per index), context, citations."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from lancedb.expr import col
 
 import retrieval
 from memory.embed import Embedder
@@ -15,6 +18,8 @@ from memory.settings import PAPER, Settings, load_settings
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever, UnknownStrategyError, citation_prompt, parse_citations
 from retrieval.context import approx_tokens, build_context
+from retrieval.index import TRACKED, UserIndex
+from retrieval.retriever import InvalidQueryError
 from tests.helpers import ALICE, BOB, ts, write_user
 
 
@@ -84,6 +89,29 @@ def test_unknown_and_malformed_users(retriever: Retriever) -> None:
         retriever.retrieve("alice", "dog", strategy="magic")
 
 
+@pytest.mark.parametrize("query,kw,error,match", [
+    ("   \t\n", {}, InvalidQueryError, "blank"),
+    ("", {}, InvalidQueryError, "blank"),
+    ("dog", {"strategy": ""}, UnknownStrategyError, "known: "),
+    ("dog", {"kinds": ["fragments"]}, InvalidQueryError, "known: message, fragment, insight, topic, summary"),
+    ("dog", {"kinds": []}, InvalidQueryError, "kinds is empty"),
+])
+def test_meaningless_queries_are_refused(retriever: Retriever, query: str, kw: dict[str, Any],
+                                         error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        retriever.retrieve("alice", query, **kw)
+    with pytest.raises(error, match=match):            # unknown users too: the query is checked first
+        retriever.retrieve("carol", query, **kw)
+
+
+def test_kinds_and_default_strategy(retriever: Retriever) -> None:
+    default = retriever.retrieve("alice", "my dog", k=5)
+    assert default.strategy == retriever.settings.default_strategy
+    assert retriever.retrieve("alice", "my dog", k=5, strategy=None).ids == default.ids
+    assert {it.kind for it in retriever.retrieve("alice", "my dog", k=5, kinds=["fragment"]).items} == {"fragment"}
+    assert {it.kind for it in retriever.retrieve("alice", "my dog", k=5, kinds="insight").items} == {"insight"}
+
+
 def test_signals_and_forced_routes(retriever: Retriever) -> None:
     res = retriever.retrieve("alice", "what did I do with my sister?", k=4, strategy="recollection")
     assert res.route == "recollection" and len(res.items) == 4
@@ -105,6 +133,105 @@ def test_new_consolidation_results_are_seen(tmp_path: Path, embedder: Embedder) 
     Store(st.uri, dim=embedder.dim).upsert("fragments", [row])  # another writer
     after = r.retrieve("dana", "kayak trip", k=20)
     assert "dana-new" not in before.ids and after.ids[0] == "dana-new"
+
+
+def _fragment(embedder: Embedder, user: str, fid: str, text: str) -> dict[str, Any]:
+    return {"id": fid, "user_id": user, "key": "new", "content": text, "date": "2023-06-01", "text": text,
+            "source_ids": [f"{user}:D9:1"], "session_ts": ts(30), "vector": embedder.embed([text])[0]}
+
+
+def test_a_write_renews_only_the_users_it_touched(tmp_path: Path, embedder: Embedder) -> None:
+    st = Store(str(tmp_path / "s"), dim=embedder.dim)
+    write_user(st, embedder, "alice", ALICE)
+    write_user(st, embedder, "bob", BOB)
+    r = Retriever.open(st.uri, Settings(store=st.uri, retrieval=RetrievalSettings(refresh_ms=0)), embedder=embedder)
+    alice_before = r.retrieve("alice", "my dog", k=5, strategy="rfmem")
+    alice, bob = r.user_index("alice"), r.user_index("bob")
+    writer = Store(st.uri, dim=embedder.dim)                      # another process's writer
+
+    writer.upsert("fragments", [_fragment(embedder, "bob", "bob-kayak", "kayak: Bob went kayaking")])
+    assert r.user_index("alice") is alice                          # untouched: the same object, memos kept
+    bob2 = r.user_index("bob")
+    assert bob2 is not bob and "bob-kayak" in bob2.row_of_id() and "bob-kayak" not in bob.row_of_id()
+    assert alice.versions == bob2.versions == r.cache.versions()   # alice moved on to the new snapshot
+    assert r.retrieve("alice", "my dog", k=5, strategy="rfmem").ids == alice_before.ids
+
+    writer.delete("fragments", col("id") == "bob-kayak")         # a delete touches its user only
+    bob3 = r.user_index("bob")
+    assert r.user_index("alice") is alice and bob3 is not bob2 and "bob-kayak" not in bob3.row_of_id()
+
+    row = _fragment(embedder, "alice", "alice-f1", "dog: Alice's dog is called Max now")
+    writer.upsert("fragments", [row])                             # an update of a row in place
+    alice2 = r.user_index("alice")
+    assert r.user_index("bob") is bob3 and alice2 is not alice
+    assert alice2.rows(np.asarray([alice2.row_of_id()["alice-f1"]]))[0]["text"] == row["text"]
+
+
+def test_an_index_is_one_snapshot(tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consolidation writes a user's new turns, then their fragments. A request that loads the
+    user in between never gets the new turns with the old fragments, nor the old with the new."""
+    st = Store(str(tmp_path / "s"), dim=embedder.dim)
+    write_user(st, embedder, "bob", BOB)
+    writer = Store(st.uri, dim=embedder.dim)
+    turn = {"id": "bob-m9", "user_id": "bob", "session_id": "bob-s9", "message_id": "bob:D9:0", "seq": 0,
+            "speaker": "Bob", "text": "I bought a kayak", "ts": ts(30),
+            "vector": embedder.embed(["Bob: I bought a kayak"])[0]}
+
+    def commit() -> None:   # what a consolidation commit does, in its order
+        writer.upsert("messages", [turn])
+        writer.upsert("fragments", [_fragment(embedder, "bob", "bob-f9", "kayak: Bob bought a kayak")])
+
+    r = Retriever(st, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    read = st.read
+    fired = threading.Event()
+
+    def read_then_commit(name: str, *args: Any, **kw: Any) -> Any:
+        out = read(name, *args, **kw)
+        if name == "messages" and "text" in (kw.get("columns") or []) and not fired.is_set():
+            fired.set()
+            commit()           # lands between the index's read of the turns and of the fragments
+        return out
+
+    monkeypatch.setattr(st, "read", read_then_commit)
+    first = r.user_index("bob")
+    assert fired.is_set()
+    ids = set(first.row_of_id())
+    assert ("bob-m9" in ids) == ("bob-f9" in ids), f"a half-written commit was served: {sorted(ids)}"
+    assert len(first.versions) == len(TRACKED) and first.versions != r.cache.versions()
+    second = r.user_index("bob")
+    assert {"bob-m9", "bob-f9"} <= set(second.row_of_id()) and second.versions == r.cache.versions()
+
+
+def test_one_build_per_touched_user(tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent requests for a user a write touched wait for one build and all get its result."""
+    import retrieval.index as index_module
+
+    st = Store(str(tmp_path / "s"), dim=embedder.dim)
+    write_user(st, embedder, "bob", BOB)
+    r = Retriever(st, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    r.user_index("bob")
+    Store(st.uri, dim=embedder.dim).upsert("fragments", [_fragment(embedder, "bob", "bob-f9", "kayak: a kayak")])
+    builds: list[str] = []
+    load = index_module.load_user
+
+    def counted(*args: Any, **kw: Any) -> UserIndex:
+        builds.append(args[1])
+        return load(*args, **kw)
+
+    monkeypatch.setattr(index_module, "load_user", counted)
+    start = threading.Barrier(8)
+    got: list[UserIndex] = []
+
+    def request() -> None:
+        start.wait()
+        got.append(r.user_index("bob"))
+
+    threads = [threading.Thread(target=request) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert builds == ["bob"] and len({id(i) for i in got}) == 1 and "bob-f9" in got[0].row_of_id()
 
 
 def test_context_is_chronological_and_budgeted(retriever: Retriever) -> None:
