@@ -53,6 +53,8 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("ingest", "{tmp}/missing.json", "--format", "locomo"), "archive not found"),
     (("ingest", str(SAMPLE), "--format", "nope"), "unknown archive format 'nope'"),
     (("profile", "bad id!"), "invalid user id"),
+    (("profile", "alice\n"), "invalid user id"),
+    (("retrieve", "alice\n", "my dog"), "invalid user id"),
     (("graph", "../etc", "--html", "{tmp}/g.html"), "invalid user id"),
     (("retrieve", "alice", "my dog", "--strategy", "nope"), "unknown retrieval strategy: 'nope'"),
     (("consolidate", "--engine", "nope"), "unknown engine 'nope'"),

@@ -82,7 +82,7 @@ def test_tenants_never_mix(retriever: Retriever, embedder: Embedder) -> None:
 
 def test_unknown_and_malformed_users(retriever: Retriever) -> None:
     assert retriever.retrieve("carol", "dog").items == []
-    for bad in ("alice' OR '1'='1", "", "a b", "x" * 200, "../etc"):
+    for bad in ("alice' OR '1'='1", "", "a b", "x" * 200, "../etc", "alice\n"):
         with pytest.raises(InvalidUserIdError):
             retriever.retrieve(bad, "dog")
     with pytest.raises(UnknownStrategyError):

@@ -75,6 +75,8 @@ def test_errors(client: httpx.Client) -> None:
     assert unknown.status_code == 200 and unknown.json()["items"] == []
     bad_user = client.post("/v1/users/bad%20user'/retrieve", json={"query": "dog"})
     assert bad_user.status_code == 422 and "invalid user id" in bad_user.json()["detail"]
+    newline = client.post("/v1/users/alice%0A/retrieve", json={"query": "dog"})   # `alice\n`
+    assert newline.status_code == 422 and "invalid user id" in newline.json()["detail"]
     assert client.post("/v1/users/eve/retrieve", json={"k": 3}).status_code == 422
     assert client.post("/v1/users/eve/retrieve", json={"query": "dog", "k": 0}).status_code == 422
     assert client.post("/v1/users/eve/retrieve", content=b"not json",
