@@ -7,6 +7,8 @@
 - `incremental`: `mnemo bench incremental`, two nightly batches against a rebuild.
 - `latency`: `mnemo bench retrieval`, retrieval latency on a synthetic user.
 - `rerank`: `mnemo bench rerank`, the RMM reranker trained from simulated citations.
+- `beam`: `mnemo bench beam`, evidence Recall@K per BEAM ability and strategy, update-first, latency
+  and consolidation cost per chat scale.
 
 Every benchmark takes an optional `Settings` (None: the defaults of `Settings()`); the CLI passes
 the one it read from the environment. This package uses `memory` and `retrieval`, never `flows`.

@@ -11,7 +11,7 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Sequence
@@ -107,23 +107,28 @@ def _dia(message_id: str) -> str | None:
 
 
 def evaluate(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, strategy: str,
-             ks: Sequence[int]) -> dict[str, Any]:
-    """Recall@K per category and overall, latency and route shares for one strategy."""
-    recalls: dict[int, dict[int, list[float]]] = {k: {c: [] for c in CATEGORIES} for k in ks}
+             ks: Sequence[int], *, groups: Sequence[Any] = tuple(CATEGORIES), key: str = "category",
+             observe: Callable[[dict[str, Any], RetrievalResult], None] | None = None) -> dict[str, Any]:
+    """Recall@K per group (`row["R@{k} c{group}"]`) and overall, latency and route shares for one
+    strategy. A question's group is its `key` field (LoCoMo: its category, the groups
+    `CATEGORIES`); `observe`, if given, sees every question with its result at the largest K."""
+    recalls: dict[int, dict[Any, list[float]]] = {k: {c: [] for c in groups} for k in ks}
     latency: list[float] = []
     routes: dict[str, int] = {}
     for k in ks:
         for q, v in zip(questions, vecs):
             res: RetrievalResult = r.retrieve(q["user"], v, k=k, strategy=strategy, text=q["question"])
-            recalls[k][q["category"]].append(recall_at(res.items, q["evidence"], k))
+            recalls[k][q[key]].append(recall_at(res.items, q["evidence"], k))
             if k == max(ks):
                 latency.append(res.signals["timings"]["retrieve_ms"])
                 routes[res.route or "-"] = routes.get(res.route or "-", 0) + 1
+                if observe is not None:
+                    observe(q, res)
     row: dict[str, Any] = {"strategy": strategy}
     for k in ks:
-        for c in CATEGORIES:
+        for c in groups:
             row[f"R@{k} c{c}"] = float(np.mean(recalls[k][c])) if recalls[k][c] else float("nan")
-        row[f"R@{k}"] = float(np.mean([x for c in CATEGORIES for x in recalls[k][c]]))
+        row[f"R@{k}"] = float(np.mean([x for c in groups for x in recalls[k][c]]))
     row["p50 ms"] = float(np.median(latency))
     row["p99 ms"] = float(np.percentile(latency, 99))
     row["recollection"] = routes.get("recollection", 0) / max(1, len(latency))

@@ -81,6 +81,27 @@ def bench_rerank(
                    explore=explore, settings=settings_of(ctx)))
 
 
+def bench_beam(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="BEAM folder holding SCALE/N/{chat,probing_questions}.json"),
+    scales: Optional[str] = typer.Option(None, "--scales", help="comma-separated, e.g. 100K,500K,1M "
+                                         "(default: every scale folder under DIR)"),
+    strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated (default: dense, "
+                                             "familiarity, rfmem, rfmem-hybrid and the default strategy)"),
+    copies: int = typer.Option(1, "--users-copies", help="file every chat under N distinct user ids "
+                               "(consolidated too; questions asked of the first)"),
+    store: Optional[str] = typer.Option(None, "--store", help="store root, one store per scale under it "
+                                        "(default: temporary ones)"),
+) -> None:
+    """Evidence Recall@K per BEAM ability and strategy, update-first, retrieval latency and
+    consolidation cost, one table per scale."""
+    from evaluation.beam import beam_reports
+
+    for i, text in enumerate(beam_reports(path, scales=csv(scales) or None, strategies=csv(strategies) or None,
+                                          copies=copies, store=store, settings=settings_of(ctx))):
+        typer.echo(("\n" if i else "") + text)
+
+
 def _int(value: str, flag: str) -> int:
     try:
         return int(value)
@@ -95,3 +116,4 @@ def register(bench_app: typer.Typer) -> None:
     bench_app.command("retrieval")(bench_retrieval)
     bench_app.command("incremental")(bench_incremental)
     bench_app.command("rerank")(bench_rerank)
+    bench_app.command("beam")(bench_beam)

@@ -1,0 +1,135 @@
+"""`mnemo bench beam`: the benchmark on one BEAM 100K development chat (its messages shortened so the
+test stays fast: every message id, batch and question is kept), the update-first rule, the evidence
+flattening, user copies on a tiny chat, and the argument checks."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from evaluation.beam import UpdateFirst, evidence_ids, report, run_beam, scale_order
+from memory.errors import ConfigError
+from memory.settings import Settings
+from retrieval.retriever import RetrievalResult, UnknownStrategyError
+
+BEAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "beam"
+CHAT = BEAM / "100K" / "1"
+#: characters kept of each message (the consolidation of a whole 100K chat takes minutes on 2 cores)
+KEEP = 400
+
+
+def settings() -> Settings:
+    """Defaults, with `familiarity` as the default strategy so two strategies are scored."""
+    base = Settings()
+    return Settings(retrieval=base.retrieval.with_overrides(default_strategy="familiarity"))
+
+
+def shortened_copy(src: Path, dst: Path, keep: int = KEEP) -> None:
+    dst.mkdir(parents=True)
+    chat = json.loads((src / "chat.json").read_text())
+    for batch in chat:
+        for group in batch["turns"]:
+            for message in group:
+                message["content"] = message["content"][:keep]
+    (dst / "chat.json").write_text(json.dumps(chat))
+    (dst / "probing_questions.json").write_bytes((src / "probing_questions.json").read_bytes())
+
+
+@pytest.mark.skipif(not (CHAT / "chat.json").is_file(), reason="BEAM development data not present")
+def test_bench_beam_on_one_100k_chat(tmp_path: Path) -> None:
+    shortened_copy(CHAT, tmp_path / "100K" / "1")
+    [res] = run_beam(str(tmp_path), strategies=["dense"], settings=settings())
+
+    assert res.scale == "100K" and res.chats == ["beam-100K-1"]
+    assert [r["strategy"] for r in res.rows] == ["dense", "familiarity"]
+    raw = json.loads((CHAT / "probing_questions.json").read_text())
+    with_evidence = {a for a, qs in raw.items() if any(evidence_ids(q.get("source_chat_ids")) for q in qs)}
+    assert set(res.abilities) == with_evidence and "abstention" not in with_evidence
+    assert res.no_evidence == len(raw.get("abstention", []))
+    assert res.missing_evidence == 0
+    n_updates = sum(q["ability"] == "knowledge_update" for q in res.questions)
+    for row in res.rows:
+        for key, value in row.items():
+            if key.startswith("R@"):
+                assert 0.0 <= value <= 1.0, (row["strategy"], key, value)
+        assert 0.0 <= row["update-first"] <= 1.0
+        assert row["uf n"] == n_updates > 0
+        assert 0.0 < row["p50 ms"] <= row["p99 ms"]
+    dense = res.rows[0]
+    assert dense["R@10"] > 0 and dense["R@10"] >= dense["R@5"]
+
+    c = res.consolidation
+    assert [u for u, *_ in c.chats] == ["beam-100K-1"] and c.messages > 100 and c.seconds > 0
+    assert {"extract", "embed"} <= set(c.stages) and c.peak_mb > 0
+    assert len(res.cold_ms) == 1 and res.memory["fragments"] > 0
+
+    text = report(res, BEAM / "ANCHORS.md")
+    assert "BEAM 100K" in text and "| strategy |" in text and "update-first" in text
+    assert "consolidation: 1 chats" in text and "peak RSS" in text and "anchors (raw messages" in text
+
+
+def tiny_chat(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    turns = [[{"role": "user", "id": 0, "content": "I adopted a beagle named Biscuit.", "time_anchor": "March-1-2024"},
+              {"role": "assistant", "id": 1, "content": "Congratulations on adopting Biscuit!"}],
+             [{"role": "user", "id": 2, "content": "I moved to Lisbon for a new job at a bakery."},
+              {"role": "assistant", "id": 3, "content": "Lisbon is a lovely city for bakers."}]]
+    (folder / "chat.json").write_text(json.dumps([{"batch_number": 1, "turns": turns}]))
+    questions = {"information_extraction": [{"question": "What is the name of my dog?", "source_chat_ids": [0]}],
+                 "knowledge_update": [{"question": "Where do I work?",
+                                       "source_chat_ids": {"original_info": [0], "updated_info": [2]}}],
+                 "abstention": [{"question": "What is my sister's name?"}]}
+    (folder / "probing_questions.json").write_text(json.dumps(questions))
+
+
+def test_user_copies_are_consolidated_but_not_asked(tmp_path: Path) -> None:
+    tiny_chat(tmp_path / "100K" / "7")
+    [res] = run_beam(str(tmp_path), scales=["100K"], strategies=["dense"], copies=2, settings=settings())
+    assert [u for u, *_ in res.consolidation.chats] == ["beam-100K-7", "beam-100K-7-copy2"]
+    assert {q["user"] for q in res.questions} == {"beam-100K-7"}
+    assert len(res.questions) == 2 and res.no_evidence == 1
+    assert all(0.0 <= r["R@5"] <= 1.0 and r["uf n"] == 1 for r in res.rows)
+
+
+def test_evidence_ids_flatten_lists_and_dicts() -> None:
+    assert evidence_ids([[4, 60], [116, 4]]) == {"4", "60", "116"}
+    assert evidence_ids({"original_info": [86], "updated_info": [114, [115]]}) == {"86", "114", "115"}
+    assert evidence_ids(None) == set() and evidence_ids([]) == set()
+
+
+def _result(*sources: list[str]) -> RetrievalResult:
+    items: list[Any] = [SimpleNamespace(kind="message", key="", source_ids=s) for s in sources]
+    return RetrievalResult(user_id="u", query="q", strategy="dense", k=10, items=items)
+
+
+def test_update_first_counts_missing_and_ties_as_not_first() -> None:
+    uf = UpdateFirst()
+    q = {"updated": {"2"}, "original": {"1"}}
+    uf(q, _result(["2"], ["1"]))         # updated first
+    uf(q, _result(["1"], ["2"]))         # original first
+    uf(q, _result(["1"]))                # updated missing
+    uf(q, _result(["9"]))                # neither
+    uf(q, _result(["1", "2"]))           # one memory cites both
+    uf(q, _result(["3"], ["2"]))         # original missing: updated first
+    uf({"question": "no update"}, _result(["2"]))  # not a knowledge update: ignored
+    row = uf.row()
+    assert row["uf n"] == 6 and row["uf neither"] == 1 and row["uf tie"] == 1
+    assert row["update-first"] == pytest.approx(2 / 6)
+    assert math.isnan(UpdateFirst().row()["update-first"])
+
+
+def test_arguments_are_checked_before_any_work(tmp_path: Path) -> None:
+    tiny_chat(tmp_path / "100K" / "1")
+    with pytest.raises(ConfigError, match="no scale folder"):
+        run_beam(str(tmp_path), scales=["1M"])
+    with pytest.raises(UnknownStrategyError):
+        run_beam(str(tmp_path), strategies=["nope"])
+    with pytest.raises(ConfigError, match="at least 1"):
+        run_beam(str(tmp_path), copies=0)
+    with pytest.raises(ConfigError, match="holds no"):
+        run_beam(str(tmp_path / "empty"))
+    assert sorted(["1M", "500K", "100K"], key=scale_order) == ["100K", "500K", "1M"]
