@@ -72,14 +72,15 @@ def ingest_and_consolidate(root: Path, *parts: Path, **settings: Any) -> Store:
     return store
 
 
-def crash_before_watermarks(monkeypatch: pytest.MonkeyPatch, store: Store, batch: Path) -> Store:
+def crash_before_watermarks(monkeypatch: pytest.MonkeyPatch, store: Store, batch: Path,
+                           **settings: Any) -> Store:
     """On a consolidated store: ingest `batch`, a consolidation killed the moment it writes the
     watermarks (everything else of it written), then the re-run that heals it."""
-    settings = Settings(store=store.uri)
+    chosen = Settings(store=store.uri, **settings)
     ingest(store, batch, "jsonl")
     with killed_before(monkeypatch, "watermarks"):
-        consolidate(store, settings)
-    consolidate(store, settings)
+        consolidate(store, chosen)
+    consolidate(store, chosen)
     return store
 
 

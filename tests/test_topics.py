@@ -64,11 +64,22 @@ def test_rules_segment_at_breakpoints_and_merge_above_threshold() -> None:
     assert topic_merge_answer({"history": hist[:1], "new_summary": "x", "threshold": 0.75}) == {"action": "Add()"}
 
 
+def test_rules_topics_stay_within_the_schema_on_huge_statements() -> None:
+    """A long assistant-style statement with no sentence end is cut at a word, never past the schema."""
+    huge = "I really love " + " ".join(["hiking and"] * 800) + " more"
+    ctx = {"subject": "Ann", "participants": ["Ann", "Ben"], "adjacent_sims": [0.9, 0.9], "turns": [
+        {"turn": i, "message_id": f"m{i}", "speaker": s, "text": t}
+        for i, (s, t) in enumerate([("Ann", huge), ("Ben", "Nice!"), ("Ann", huge)])]}
+    answer = topics_answer(ctx)
+    assert answer["extracted_memories"] and check(json.dumps(answer), prompts.topic_extract_schema(3))[0]
+    merged = topic_merge_answer({"history": [{"summary": answer["extracted_memories"][0]["summary"],
+                                              "similarity": 0.9}], "new_summary": "Ann " + huge, "threshold": 0.5})
+    assert check(json.dumps(merged), prompts.topic_merge_schema(1))[0]
+
+
 # -- the stage --------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _merge_often(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sample is small: a low threshold makes the rules merge, so merges get exercised."""
-    monkeypatch.setenv("MNEMO_TOPIC_MERGE_THRESHOLD", "0.45")
+#: the sample is small: a low threshold makes the rules merge, so merges get exercised
+MERGE_OFTEN = {"topic_merge_threshold": 0.45}
 
 
 def _snapshot(store: Store) -> dict[str, Any]:
@@ -82,9 +93,7 @@ def _snapshot(store: Store) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MNEMO_TOPIC_MERGE_THRESHOLD", "0.45")
-        return ingest_and_consolidate(tmp_path_factory.mktemp("topics") / "clean", SAMPLE)
+    return ingest_and_consolidate(tmp_path_factory.mktemp("topics") / "clean", SAMPLE, **MERGE_OFTEN)
 
 
 def test_topics_are_memories_with_provenance(clean: Store) -> None:
@@ -110,13 +119,13 @@ def test_topics_are_memories_with_provenance(clean: Store) -> None:
 
 def test_rerun_changes_nothing(clean: Store) -> None:
     before = _snapshot(clean)
-    report = consolidate(clean, Settings(store=clean.uri))
+    report = consolidate(clean, Settings(store=clean.uri, **MERGE_OFTEN))
     assert report.llm.get("calls", 0) == 0 and _snapshot(clean) == before
 
 
 def test_two_batches_equal_one(clean: Store, tmp_path: Path) -> None:
     a, b = split_sample(tmp_path)
-    two = ingest_and_consolidate(tmp_path / "two", a, b)
+    two = ingest_and_consolidate(tmp_path / "two", a, b, **MERGE_OFTEN)
     assert _snapshot(two) == _snapshot(clean)
 
 
@@ -124,7 +133,8 @@ def test_crash_after_topics_before_watermarks_converges(clean: Store, tmp_path: 
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Topics (merges included) written, watermarks not: the re-run rolls the bank back and redoes it."""
     a, b = split_sample(tmp_path)  # batch 1 consolidated here: merges depend on the patched threshold
-    store = crash_before_watermarks(monkeypatch, ingest_and_consolidate(tmp_path / "crash", a), b)
+    store = crash_before_watermarks(monkeypatch, ingest_and_consolidate(tmp_path / "crash", a, **MERGE_OFTEN), b,
+                                    **MERGE_OFTEN)
     assert _snapshot(store) == _snapshot(clean)
 
 
@@ -145,7 +155,7 @@ class _BadMerge(LLMBackend):
 
 
 def test_bad_merge_answers_are_retried_once_then_quarantined_and_added(tmp_path: Path) -> None:
-    settings = Settings(store=str(tmp_path / "bad"), llm="bad-topic-merge")
+    settings = Settings(store=str(tmp_path / "bad"), llm="bad-topic-merge", **MERGE_OFTEN)
     store = open_store(settings)
     ingest(store, SAMPLE, "jsonl")
     consolidate(store, settings)

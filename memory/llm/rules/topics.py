@@ -14,6 +14,9 @@ _TOPIC_MIN_TURNS = 3          # no segment shorter than this many turns
 _TOPIC_MAX_TURNS = 10         # longer segments are split again at their weakest link
 _TOPIC_DEPTH = 0.5            # a breakpoint is a link this many std below the session's mean similarity
 _TOPIC_MAX_WORDS = 60
+#: a summary stays within the D.1.1 answer schema's `maxLength` even when a statement is one huge
+#: unpunctuated sentence (long assistant messages): its words are cut, never the schema broken
+_TOPIC_MAX_CHARS = 2000
 
 
 def topic_segments(sims: list[float], n: int) -> list[tuple[int, int]]:
@@ -46,7 +49,7 @@ def topics_answer(ctx: dict[str, Any]) -> dict[str, Any]:
             if str(t.get("speaker") or "") != subject:
                 continue
             for sentence in personal_statements(str(t.get("text") or ""), vocatives):
-                value = third_person(sentence, subject)
+                value = _within(third_person(sentence, subject), _TOPIC_MAX_CHARS - 1)
                 n = len(value.split())
                 if words and words + n > _TOPIC_MAX_WORDS:
                     break
@@ -57,8 +60,16 @@ def topics_answer(ctx: dict[str, Any]) -> dict[str, Any]:
                 if t["turn"] not in refs:
                     refs.append(int(t["turn"]))
         if values:
-            out.append({"summary": " ".join(values), "reference": refs})
+            out.append({"summary": _within(" ".join(values), _TOPIC_MAX_CHARS), "reference": refs})
     return {"extracted_memories": out}
+
+
+def _within(text: str, limit: int) -> str:
+    """`text` itself when it fits in `limit` characters, else its longest whole-word prefix that does."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    return cut[: cut.rfind(" ")] if " " in cut else cut
 
 
 def _merge_text(old: str, new: str) -> str:
@@ -82,4 +93,5 @@ def topic_merge_answer(ctx: dict[str, Any]) -> dict[str, Any]:
     best = max(range(len(hist)), key=lambda i: (float(hist[i].get("similarity", 0.0)), -i))
     if float(hist[best].get("similarity", 0.0)) < float(ctx.get("threshold", 0.75)):
         return {"action": "Add()"}
-    return {"action": f"Merge({best}, {_merge_text(hist[best]['summary'], ctx['new_summary'])})"}
+    merged = _within(_merge_text(hist[best]["summary"], ctx["new_summary"]), _TOPIC_MAX_CHARS)
+    return {"action": f"Merge({best}, {merged})"}
