@@ -4,7 +4,13 @@ Users are mapped in shards; each stage of a shard is one task (`load`, then ever
 `memory.stages.STAGES`), so a transient failure retries only its stage and the LLM response
 cache means a retried stage never pays twice. The settings are resolved once, in the flow, and
 reach every task (threads or Dask workers) as data. The flow itself is the one writer: it commits each
-finished shard (tables, then watermarks) as it completes.
+finished shard (tables, then watermarks) as it completes, each shard's commit under one hold of the
+store's writer lease (other processes' appends and feedback go in between two commits).
+
+A run holds the store's run lease (`memory.lease`) from start to end: a second run waits up to
+`Settings.run_lease_wait_s`, then raises `RunInProgressError` (the CLI exits 75). `run_flow` takes it
+before Prefect starts anything, and stops the temporary Prefect servers that killed runs left
+(`flows.ephemeral`); the flows take it too, for deployments that call them directly.
 """
 from __future__ import annotations
 
@@ -18,9 +24,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from flows.ephemeral import reap_orphans, start_recorded
 from memory.embed import embedder_for
 from memory.errors import LLMTransientError
 from memory.ingest import ingest
+from memory.lease import run_lease
 from memory.pipeline import has_work
 from memory.runs import new_report, open_store, plan_shards
 from memory.settings import Settings, load_settings
@@ -43,13 +51,13 @@ def resolve_settings(settings: Settings | None, overrides: dict[str, Any] | None
 
 
 @lru_cache(maxsize=4)
-def _store(uri: str, dim: int) -> Store:
-    return Store(uri, dim=dim)
+def _store(uri: str, dim: int, write_lease_wait_s: float) -> Store:
+    return Store(uri, dim=dim, write_lease_wait_s=write_lease_wait_s)
 
 
 def _open(settings: Settings) -> Store:
     """One store handle per process (and Dask worker) and URI."""
-    return _store(settings.store, embedder_for(settings).dim)
+    return _store(settings.store, embedder_for(settings).dim, settings.write_lease_wait_s)
 
 
 def _transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -155,7 +163,8 @@ def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, An
             logger.error("shard of users %s failed: %s: %s", shard, type(exc).__name__, exc)
             continue
         if has_work(state, settings):
-            commit(store, state)  # the flow is the one writer of the run
+            with store.write_lease():  # the flow is the one writer of the run; one unit per shard
+                commit(store, state)
         report.add(state)
         done += 1
         logger.info("shard %d/%d committed: %s", done, len(shards), state.counts())
@@ -190,6 +199,11 @@ def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] |
     from new feedback (after every shard committed). `settings` defaults to the environment of the
     process running the flow; a deployment's `overrides` apply on top."""
     resolved = resolve_settings(settings, overrides)
+    with run_lease(resolved.store, resolved.run_lease_wait_s):
+        return _consolidate(users, resolved)
+
+
+def _consolidate(users: list[str] | None, resolved: Settings) -> dict[str, Any]:
     result = _run("consolidate", users, resolved)
     try:
         result["train"] = train_task(resolved, result["run_id"])
@@ -208,17 +222,25 @@ def backfill_flow(path: str, fmt: str, overrides: dict[str, Any] | None = None,
     """A whole archive: ingest it, then consolidate its users shard by shard. Resumable: a re-run
     skips what was committed (watermarks) and re-pays no LLM call (response cache)."""
     resolved = resolve_settings(settings, overrides)
-    report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments,
-                    user_id=user_id)
-    get_run_logger().info(report.summary())
-    result = _run("backfill", report.users or None, resolved)
-    result["ingest"] = report.summary()
-    return result
+    with run_lease(resolved.store, resolved.run_lease_wait_s):
+        report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments,
+                        user_id=user_id)
+        get_run_logger().info(report.summary())
+        result = _run("backfill", report.users or None, resolved)
+        result["ingest"] = report.summary()
+        return result
 
 
 def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
-    """Run a flow with the task runner these settings ask for, handing it these settings."""
+    """Run a flow with the task runner these settings ask for, handing it these settings.
+
+    Takes the store's run lease first (`RunInProgressError` while another run holds it, before
+    Prefect starts anything), then stops temporary Prefect servers left by killed runs and starts
+    (and records) this process's own."""
     flows: dict[str, Any] = {"consolidate": consolidate_flow, "backfill": backfill_flow}
-    result: dict[str, Any] = flows[name].with_options(task_runner=task_runner_for(settings))(
-        settings=settings, **params)
+    with run_lease(settings.store, settings.run_lease_wait_s):
+        reap_orphans()
+        start_recorded()
+        result: dict[str, Any] = flows[name].with_options(task_runner=task_runner_for(settings))(
+            settings=settings, **params)
     return result

@@ -2,11 +2,14 @@
 
 MnemoError
 ├── ConfigError               a setting is wrong or a backend name is unknown
-│   └── UnknownBackendError
+│   ├── UnknownBackendError
+│   └── EmbedderMismatchError stored vectors were written by another embedder than this run's
 ├── OptionalDependencyError   an extra (e.g. `vllm`) is not installed
 ├── InvalidUserIdError        a user id fails the strict id pattern
 ├── StoreError                the LanceDB store cannot be used as asked
-│   └── CorruptWeightsError   a stored reranker version fails its checksum, shape or value check
+│   ├── CorruptWeightsError   a stored reranker version fails its checksum, shape or value check
+│   └── StoreBusyError        another writer held the store's write lease longer than the wait
+├── RunInProgressError        another consolidation run still holds the store's run lease
 ├── IngestError               an archive cannot be read at all (bad rows are quarantined instead)
 └── LLMError
     ├── LLMTransientError     worth retrying (timeouts, 429, 5xx)
@@ -59,6 +62,19 @@ class UnknownBackendError(ConfigError):
         )
 
 
+class EmbedderMismatchError(ConfigError):
+    """The store's vectors were written by one embedder and this run uses another: their vectors are not
+    comparable, so they are not mixed."""
+
+    def __init__(self, recorded: str, current: str) -> None:
+        super().__init__(
+            f"the store's vectors were written by embedder {recorded!r} but this run uses {current!r}; "
+            "vectors of different embedders are not comparable: use the embedder the store was built with "
+            "(MNEMO_EMBED_MODEL / MNEMO_EMBED_BACKEND) or a new store",
+            recorded=recorded, current=current,
+        )
+
+
 class OptionalDependencyError(MnemoError):
     """An optional extra is needed and missing."""
 
@@ -86,6 +102,14 @@ class StoreError(MnemoError):
 
 class CorruptWeightsError(StoreError):
     """Stored model weights (a reranker version) fail their checksum, shape or value check."""
+
+
+class StoreBusyError(StoreError):
+    """Another writer held the store's write lease (memory.lease) longer than a write may wait."""
+
+
+class RunInProgressError(MnemoError):
+    """Another consolidation run still holds the store's run lease (memory.lease): this run is skipped."""
 
 
 class IngestError(MnemoError):

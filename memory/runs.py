@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from memory.embed import embedder_for
 from memory.ids import validate_user_id
+from memory.lease import run_lease
 from memory.pipeline import run_shard
 from memory.resources import backend_for
 from memory.settings import Settings
@@ -29,8 +30,9 @@ def new_run_id(kind: str) -> str:
 
 
 def open_store(settings: Settings) -> Store:
-    """The store of these settings, sized for their embedder."""
-    return Store(settings.store, dim=embedder_for(settings).dim)
+    """The store of these settings, sized for their embedder, its writes waiting up to
+    `settings.write_lease_wait_s` for the store's writer lease."""
+    return Store(settings.store, dim=embedder_for(settings).dim, write_lease_wait_s=settings.write_lease_wait_s)
 
 
 def plan_shards(store: Store, users: list[str] | None, shard_size: int) -> list[list[str]]:
@@ -129,17 +131,19 @@ def consolidate(
     """Consolidate every user's sessions newer than its watermark, shard by shard, no Prefect.
 
     `shards`: the `plan_shards(store, users, settings.shard_size)` the caller already made (else
-    planned here)."""
-    start = time.perf_counter()
-    report = new_report(kind, settings, run_id)
-    if shards is None:
-        shards = plan_shards(store, users, settings.shard_size)
-    for shard in shards:
-        state = run_shard(store, shard, settings, report.run_id)
-        report.add(state)
-        if on_shard:
-            on_shard(state)
-    report.seconds = time.perf_counter() - start
-    store.upsert("runs", [report.runs_row()])
-    log.info(report.summary())
-    return report
+    planned here). Holds the store's run lease (`memory.lease`) throughout: while another run holds
+    it, waits up to `settings.run_lease_wait_s`, then raises `RunInProgressError`."""
+    with run_lease(store.uri, settings.run_lease_wait_s):
+        start = time.perf_counter()
+        report = new_report(kind, settings, run_id)
+        if shards is None:
+            shards = plan_shards(store, users, settings.shard_size)
+        for shard in shards:
+            state = run_shard(store, shard, settings, report.run_id)
+            report.add(state)
+            if on_shard:
+                on_shard(state)
+        report.seconds = time.perf_counter() - start
+        store.upsert("runs", [report.runs_row()])
+        log.info(report.summary())
+        return report

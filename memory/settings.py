@@ -128,6 +128,12 @@ class Settings(BaseModel):
     embed_model: str = Field("", description="model name or path; empty = packaged all-MiniLM-L6-v2")
     embed_batch_size: int = 64
     embed_device: str = "cpu"
+    embed_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch", description="how the sentence-transformers model runs: torch, or ONNX Runtime on CPU (`onnx`, "
+        "`onnx-int8` = int8 dynamic quantization), exported once from the local model into embed_cache_dir "
+        "(memory/embed_onnx.py); vectors of different backends are recorded under different model names")
+    embed_cache_dir: str = Field("~/.cache/mnemo", description="where exported embedder files are kept "
+                                 "(`~` expanded); never inside the installed packages")
 
     # LLM
     llm: str = "rules"
@@ -159,6 +165,12 @@ class Settings(BaseModel):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_local: int = 0
     dask_address: str | None = None
+
+    # one writer per store (memory.lease)
+    write_lease_wait_s: float = Field(30.0, ge=0, description="how long a write waits for the store's "
+                                      "write lease held by another writer before StoreBusyError")
+    run_lease_wait_s: float = Field(0.0, ge=0, description="how long a consolidation waits for a run "
+                                    "still in progress on the store before it is skipped (exit 75)")
 
     # the online retriever and its service
     retrieval: RetrievalSettings = Field(default_factory=lambda: RetrievalSettings())

@@ -4,14 +4,15 @@ Every user-scoped read goes through a typed filter (`lancedb.expr`) on a validat
 no value is interpolated into SQL. A read can name a table version (a snapshot: readers that must
 see several tables as they were at one moment pin each to a version, through a small cache of
 handles checked out at those versions). Writes are `merge_insert` upserts on the deterministic `id`,
-de-duplicated per batch, through one writer per run (concurrent merge_insert of the same new key
-can duplicate upstream).
+de-duplicated per batch, each under the store's writer lease (`memory.lease`: one writer per store
+across processes; concurrent merge_insert of the same new key duplicates upstream, lancedb#2463).
 """
 from __future__ import annotations
 
 import logging
 import threading
 from collections import OrderedDict
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Iterable
 
@@ -24,6 +25,7 @@ from lancedb.expr import Expr, col, lit
 from memory import schemas
 from memory.errors import StoreError
 from memory.ids import validate_user_id
+from memory.lease import WRITE_LEASE_WAIT_S, write_lease
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,11 @@ def users_filter(user_ids: list[str]) -> Expr:
 class Store:
     """A LanceDB database holding every mnemo table; `dim` is the embedder's vector width."""
 
-    def __init__(self, uri: str, dim: int = 384, *, consistency_s: float | None = 0.0) -> None:
+    def __init__(self, uri: str, dim: int = 384, *, consistency_s: float | None = 0.0,
+                 write_lease_wait_s: float = WRITE_LEASE_WAIT_S) -> None:
         self.uri = str(uri)
         self.dim = dim
+        self.write_lease_wait_s = write_lease_wait_s
         interval = None if consistency_s is None else timedelta(seconds=consistency_s)
         try:
             self.db = lancedb.connect(self.uri, read_consistency_interval=interval)
@@ -128,8 +132,8 @@ class Store:
         if table.num_rows == 0:
             return 0
         table = _dedupe_last(table)
-        tbl = self.table(name)
-        with _write_lock(self.uri, name):
+        with self.write_lease(), _write_lock(self.uri, name):
+            tbl = self.table(name)
             tbl.checkout_latest()  # upserts always start from the newest version (stale handles duplicate)
             (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
              .execute(table, on_bad_vectors="null"))
@@ -142,10 +146,19 @@ class Store:
             self._tables.pop(name, None)
             self._indexed.discard(name)
             self._forget_pinned(name)
-        self.db.drop_table(name)
+        with self.write_lease():
+            self.db.drop_table(name)
 
     def delete(self, name: str, where: Expr) -> None:
-        self.table(name).delete(where)
+        with self.write_lease():
+            self.table(name).delete(where)
+
+    def write_lease(self) -> AbstractContextManager[None]:
+        """Hold the store's writer lease (`memory.lease`: one writer per store across processes, for
+        one write) for a block; every write takes it, and it is re-entrant, so a caller may hold it
+        across several writes to make them one unit for other writers. Raises StoreBusyError after
+        `write_lease_wait_s`."""
+        return write_lease(self.uri, self.write_lease_wait_s)
 
     def _ensure_user_index(self, name: str, tbl: Any) -> None:
         if name not in schemas.USER_TABLES or name in self._indexed:
@@ -163,7 +176,8 @@ class Store:
         """Compact files and refresh indices after big runs (every add() makes a version)."""
         for name in self.table_names():
             try:
-                self.table(name).optimize()
+                with self.write_lease():
+                    self.table(name).optimize()
             except Exception as exc:
                 log.warning("optimize %s failed: %s", name, exc)
 

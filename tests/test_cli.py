@@ -18,7 +18,7 @@ from memory.settings import Settings
 from tests.helpers import REPO, SAMPLE
 
 #: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
-COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "retrieve", "serve",
+COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "doctor", "retrieve", "serve",
             "train-reranker", "bench"}
 BENCHES = {"beam", "consolidate", "locomo", "retrieval", "incremental", "rerank"}
 

@@ -2,13 +2,14 @@
 
 - `ingest`: `mnemo ingest`
 - `consolidate`: `mnemo consolidate`, `mnemo backfill`
-- `inspect`: `mnemo stats`, `mnemo profile`, `mnemo graph`
+- `inspect`: `mnemo stats`, `mnemo profile`, `mnemo graph`, `mnemo doctor`
 - `retrieve`: `mnemo retrieve`, `mnemo serve`, `mnemo train-reranker`
 - `bench`: every `mnemo bench ...`
 
 The root callback reads the settings once (`load_settings`: MNEMO_* variables, then the global
 --store) into `ctx.obj`; commands apply their flags on top and pass the Settings down. Bad input
-(any `MnemoError`, an invalid setting) ends in one line on stderr and exit code 2, never a traceback.
+(any `MnemoError`, an invalid setting) ends in one line on stderr and exit code 2, never a traceback;
+a consolidation skipped because another run still holds the store's run lease exits 75.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from flows.cli import bench, consolidate, ingest, inspect, retrieve
-from flows.cli.context import console
-from memory.errors import ConfigError, MnemoError
+from flows.cli.context import EXIT_BUSY, console
+from memory.errors import ConfigError, MnemoError, RunInProgressError
 from memory.settings import load_settings
 
 __all__ = ["app", "bench_app", "main"]
@@ -44,11 +45,15 @@ def _invalid(exc: ValidationError) -> str:
 
 
 class MnemoGroup(TyperGroup):
-    """The root command group: a `MnemoError` prints one line and exits 2."""
+    """The root command group: a `MnemoError` prints one line and exits 2 (75 for a run skipped
+    because another still runs)."""
 
     def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
         try:
             return super().invoke(ctx)
+        except RunInProgressError as exc:
+            console.print(f"[yellow]{escape(str(exc))}[/yellow]", soft_wrap=True)
+            raise typer.Exit(EXIT_BUSY) from None
         except MnemoError as exc:
             _fail(str(exc))
 

@@ -2,6 +2,8 @@
 
 Flags override the settings read at the root; the resulting Settings go to the Prefect flow
 (`flows.consolidate.run_flow`) or, with `--engine local`, to `memory.runs.consolidate` directly.
+Both hold the store's run lease for the whole run: while another run holds it (after waiting
+`run_lease_wait_s`), the command prints why and exits 75 ("skipped, still running").
 """
 from __future__ import annotations
 

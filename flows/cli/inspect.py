@@ -1,5 +1,6 @@
-"""`mnemo stats`, `mnemo profile USER` and `mnemo graph USER --html FILE`: looking at what the
-store holds (counts per user and kind, MemWeaver's profile and phases, the memory graph)."""
+"""`mnemo stats`, `mnemo profile USER`, `mnemo graph USER --html FILE` and `mnemo doctor [--fix]`:
+looking at what the store holds (counts per user and kind, MemWeaver's profile and phases, the memory
+graph) and checking it (duplicate ids, rows whose source messages are missing; `memory.doctor`)."""
 from __future__ import annotations
 
 import json
@@ -66,8 +67,31 @@ def graph(
                f"{drawn['clusters']} clusters, {drawn['phases']} phases")
 
 
+def doctor(
+    ctx: typer.Context,
+    fix: bool = typer.Option(False, "--fix", help="remove duplicate rows, keeping one copy of each id"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
+) -> None:
+    """Report duplicate ids per table and rows whose source messages are missing; exit 1 when a
+    problem remains (after --fix, only missing sources can)."""
+    from memory.doctor import check
+    from memory.runs import open_store
+
+    report = check(open_store(settings_of(ctx)), fix=fix)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        for line in report.lines():
+            typer.echo(line)
+        if report.duplicates and not fix:
+            typer.echo("run `mnemo doctor --fix` to remove the duplicates")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `stats`, `profile` and `graph` to the app."""
+    """Add `stats`, `profile`, `graph` and `doctor` to the app."""
     app.command()(stats)
     app.command()(profile)
     app.command()(graph)
+    app.command()(doctor)

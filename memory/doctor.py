@@ -1,0 +1,138 @@
+"""Checking a store for what concurrent writers or interrupted runs can leave behind, and repairing it.
+
+- `duplicate_ids`: rows sharing one `id` in a table (two processes `merge_insert`-ing the same new id
+  at once both insert, lancedb#2463; the writer lease of `memory.lease` prevents it, a store written
+  without it may hold some). Once an id is duplicated every later upsert of it matches both rows.
+- `missing_sources`: memory rows (fragments, insights, topics, summaries, observations) whose
+  `source_ids` name messages that do not exist for their user.
+- `remove_duplicates`: keeps one copy of every duplicated id (the last written, by row address) and
+  deletes the others by row id in one delete per table, under the writer lease, so no other writer
+  (nor a compaction, which moves rows) comes in between the read and the delete, and a crash loses
+  nothing (no delete-then-re-add window).
+
+`check(store, fix=...)` runs them all; `mnemo doctor [--fix]` prints it.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from lancedb.expr import col
+
+from memory.store import Store
+
+#: the column naming the messages a memory row comes from
+SOURCES = "source_ids"
+
+
+def _tables(store: Store, tables: list[str] | None) -> list[str]:
+    present = set(store.table_names())
+    return sorted(present if tables is None else present & set(tables))
+
+
+def duplicate_ids(store: Store, tables: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """{table: {id: copies}} for every id held by more than one row (all tables, or `tables`)."""
+    out: dict[str, dict[str, int]] = {}
+    for name in _tables(store, tables):
+        counts = Counter(store.read(name, columns=["id"]).column("id").to_pylist())
+        dups = {key: n for key, n in counts.items() if n > 1}
+        if dups:
+            out[name] = dict(sorted(dups.items()))
+    return out
+
+
+def missing_sources(store: Store, tables: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """{table: [{"id", "user_id", "missing": [message ids]}]} for the rows whose `source_ids` name a
+    message their user does not have."""
+    messages: dict[str, set[str]] = defaultdict(set)
+    if store.has_table("messages"):
+        t = store.read("messages", columns=["user_id", "message_id"])
+        for user, mid in zip(t.column("user_id").to_pylist(), t.column("message_id").to_pylist()):
+            messages[user].add(mid)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in _tables(store, tables):
+        if SOURCES not in store.table(name).schema.names:
+            continue
+        t = store.read(name, columns=["id", "user_id", SOURCES])
+        bad = []
+        for rid, user, sources in zip(t.column("id").to_pylist(), t.column("user_id").to_pylist(),
+                                      t.column(SOURCES).to_pylist()):
+            missing = [s for s in dict.fromkeys(sources or []) if s not in messages.get(user, ())]
+            if missing:
+                bad.append({"id": rid, "user_id": user, "missing": missing})
+        if bad:
+            out[name] = bad
+    return out
+
+
+def remove_duplicates(store: Store, tables: list[str] | None = None) -> dict[str, int]:
+    """Delete every copy but the last written of each duplicated id; {table: rows deleted}."""
+    removed: dict[str, int] = {}
+    for name in _tables(store, tables):
+        with store.write_lease():  # nothing writes or compacts (moves rows) between read and delete
+            t = store.read(name, columns=["id", "_rowid", "_rowaddr"])
+            ids = t.column("id").to_pylist()
+            counts = Counter(ids)
+            if all(n == 1 for n in counts.values()):
+                continue
+            keep: dict[str, tuple[int, int]] = {}   # id -> (row address, row id) of the copy kept
+            extra: list[int] = []
+            for key, rowid, addr in zip(ids, t.column("_rowid").to_pylist(), t.column("_rowaddr").to_pylist()):
+                if counts[key] == 1:
+                    continue
+                kept = keep.get(key)
+                if kept is None or addr > kept[0]:
+                    if kept is not None:
+                        extra.append(kept[1])
+                    keep[key] = (addr, rowid)
+                else:
+                    extra.append(rowid)
+            store.delete(name, col("_rowid").isin(extra))
+            removed[name] = len(extra)
+    return removed
+
+
+@dataclass
+class DoctorReport:
+    """What `check` found (and removed, with `fix`)."""
+
+    duplicates: dict[str, dict[str, int]] = field(default_factory=dict)
+    missing: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    removed: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """No duplicates left (none found, or all removed) and no missing sources."""
+        return (not self.duplicates or self.removed_all()) and not self.missing
+
+    def removed_all(self) -> bool:
+        return all(self.removed.get(t, 0) == sum(n - 1 for n in d.values()) for t, d in self.duplicates.items())
+
+    def lines(self, examples: int = 3) -> list[str]:
+        """A human-readable report, a few example ids per problem."""
+        out = []
+        for name, dups in self.duplicates.items():
+            extra = sum(n - 1 for n in dups.values())
+            fixed = f"; removed {self.removed[name]}" if name in self.removed else ""
+            out.append(f"{name}: {len(dups)} duplicate ids ({extra} extra rows, e.g. "
+                       f"{', '.join(list(dups)[:examples])}){fixed}")
+        for name, rows in self.missing.items():
+            sample = "; ".join(f"{r['id']} ({r['user_id']}: {', '.join(r['missing'][:examples])})"
+                               for r in rows[:examples])
+            out.append(f"{name}: {len(rows)} rows with missing source messages, e.g. {sample}")
+        if not out:
+            out.append("no duplicate ids, no missing sources")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"duplicates": self.duplicates, "missing_sources": self.missing, "removed": self.removed,
+                "ok": self.ok}
+
+
+def check(store: Store, *, fix: bool = False) -> DoctorReport:
+    """Every check on the store; with `fix`, duplicates removed (missing sources are only reported)."""
+    report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store))
+    if fix and report.duplicates:
+        report.removed = remove_duplicates(store, list(report.duplicates))
+    return report

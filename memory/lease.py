@@ -1,0 +1,239 @@
+"""Store leases: one writer per store across processes, and one consolidation run at a time.
+
+Two leases per store, each an OS file lock (`fcntl.flock`, exclusive) on its own file:
+
+- the **writer lease** (`.mnemo-write.lock`) is taken by every write of `memory.store.Store` (upsert,
+  delete, drop_table, optimize) for the duration of that one write, so appends, feedback and ingests
+  from other processes go in between a consolidation's commits instead of racing them (two processes
+  `merge_insert`-ing the same new ids at once both insert: lancedb#2463, lance#4585). A caller may
+  hold it across several writes to make them one unit for other writers (`Store.write_lease()`);
+  readers never take it.
+- the **run lease** (`.mnemo-run.lock`) is held by `mnemo consolidate` / `backfill` (and
+  `memory.runs.consolidate`) for the whole run: a second run waits up to `Settings.run_lease_wait_s`,
+  then raises `RunInProgressError` (the CLI exits 75). It does not block writes.
+
+Both are re-entrant within the thread that holds them and exclusive between threads and processes.
+The OS drops an flock when its holder dies (`kill -9` included), so a dead holder never leaves the
+store locked: the next writer or run gets the lease at once. A holder writes `pid host since` into
+the file, read back only to name it in errors.
+
+Where the lock files live:
+
+- a local store directory (a plain path or `file://`): inside it.
+- an object-store URI (`s3://`, `gs://`, `az://`, ...): under the system temp directory, keyed by the
+  URI. Processes on one host exclude each other; processes on different hosts do NOT: a file lock
+  cannot span hosts, and LanceDB offers no conditional commit of a single row that a lease row with
+  an expiry could rest on (concurrent `merge_insert` of one new key both commit). Run one writer host
+  per object-store store; `mnemo doctor --fix` repairs duplicates if that is broken.
+- `memory://`: in-process only (threads of the one process that can see it exclude each other).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import tempfile
+import threading
+import time
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: leases are in-process only there
+    fcntl = None  # type: ignore[assignment]
+
+from memory.errors import MnemoError, RunInProgressError, StoreBusyError, StoreError
+
+#: the lock file of each lease, inside a local store directory
+LOCK_FILES = {"write": ".mnemo-write.lock", "run": ".mnemo-run.lock"}
+#: how long a write waits for the writer lease by default (`Settings.write_lease_wait_s`)
+WRITE_LEASE_WAIT_S = 30.0
+#: how long a run waits for the run lease by default (`Settings.run_lease_wait_s`)
+RUN_LEASE_WAIT_S = 0.0
+#: longest sleep between two tries of a held lock
+_MAX_POLL_S = 0.02
+#: the width of the `pid host since` stamp a holder writes into the lock file
+_STAMP_BYTES = 160
+
+
+def is_local(uri: str) -> bool:
+    """Whether `uri` names a local directory (a plain path or `file://`)."""
+    return "://" not in uri or uri.startswith("file://")
+
+
+def lock_path(uri: str, kind: str) -> Path | None:
+    """The lock file of lease `kind` ("write" or "run") of the store at `uri`; None for `memory://`."""
+    name = LOCK_FILES[kind]
+    if uri.startswith("memory://"):
+        return None
+    if is_local(uri):
+        return Path(uri.removeprefix("file://")) / name
+    key = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"mnemo-leases-{key}" / name
+
+
+class Lease:
+    """An exclusive lock on one file: re-entrant in the holding thread, exclusive between threads of a
+    process (a mutex) and between processes (`flock`, dropped by the OS when the holder dies)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._mutex = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float) -> bool:
+        """Take the lease, waiting up to `wait_s` seconds; False when it stayed held elsewhere."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        if not self._mutex.acquire(timeout=max(0.0, wait_s)):
+            return False
+        if self._depth == 0 and self.path is not None and fcntl is not None:
+            try:
+                fd = self._lock_file(deadline)
+            except BaseException:
+                self._mutex.release()
+                raise
+            if fd is None:
+                self._mutex.release()
+                return False
+            self._fd = fd
+        self._depth += 1
+        return True
+
+    def _lock_file(self, deadline: float) -> int | None:
+        assert self.path is not None and fcntl is not None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot open the lock file {self.path}: {exc}", path=str(self.path)) from exc
+        pause = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    os.close(fd)
+                    return None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, _MAX_POLL_S)
+            except BaseException:
+                os.close(fd)
+                raise
+        # a fixed-width stamp written in place: truncating first costs a data flush on ext4 (~3 ms)
+        stamp = f"{os.getpid()} {socket.gethostname()} {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+        os.pwrite(fd, stamp.encode()[:_STAMP_BYTES - 1].ljust(_STAMP_BYTES - 1) + b"\n", 0)
+        return fd
+
+    def release(self) -> None:
+        """Give one level of the lease back (the lock itself when the outermost holder releases)."""
+        if self._depth <= 0:
+            raise MnemoError("lease released more often than taken", path=str(self.path))
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        self._mutex.release()
+
+    def held(self) -> bool:
+        """Whether this thread holds the lease."""
+        if not self._mutex.acquire(blocking=False):
+            return False
+        try:
+            return self._depth > 0
+        finally:
+            self._mutex.release()
+
+    def holder(self) -> str:
+        """Who last took the lease, as `pid P on HOST since T` ("" when unknown)."""
+        try:
+            pid, host, since = (self.path.read_text().split() + ["", "", ""])[:3] if self.path else ("", "", "")
+        except OSError:
+            return ""
+        return f"pid {pid} on {host} since {since}" if pid else ""
+
+    @contextmanager
+    def hold(self, wait_s: float, error: Callable[[], MnemoError]) -> Iterator[None]:
+        """Hold the lease for a block; raise `error()` when it cannot be had within `wait_s`."""
+        if not self.acquire(wait_s):
+            raise error()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def _reset(self) -> None:
+        """In a forked child: the parent's holds are not the child's (its copy of the fd is closed;
+        closing a copy never drops the parent's flock)."""
+        self._mutex = threading.RLock()
+        self._depth = 0
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+_LEASES: dict[tuple[str, str], Lease] = {}
+_LEASES_GUARD = threading.Lock()
+
+
+def lease(uri: str, kind: str) -> Lease:
+    """The process-wide lease `kind` of the store at `uri` (one object per store, whatever the
+    number of `Store` handles opened on it)."""
+    uri = str(uri)
+    where = os.path.abspath(uri.removeprefix("file://")) if is_local(uri) else uri.rstrip("/")
+    with _LEASES_GUARD:
+        found = _LEASES.get((where, kind))
+        if found is None:
+            found = _LEASES[(where, kind)] = Lease(lock_path(where, kind))
+        return found
+
+
+def _after_fork() -> None:
+    global _LEASES_GUARD
+    _LEASES_GUARD = threading.Lock()
+    for held in _LEASES.values():
+        held._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def write_lease(uri: str, wait_s: float = WRITE_LEASE_WAIT_S) -> AbstractContextManager[None]:
+    """Hold the writer lease of the store at `uri` for a block (raises `StoreBusyError` after `wait_s`)."""
+    held = lease(uri, "write")
+
+    def busy() -> MnemoError:
+        who = held.holder()
+        return StoreBusyError(
+            f"store {uri} is busy: another writer held its write lease for over {wait_s:g}s"
+            + (f" ({who})" if who else "") + "; retry later, or raise write_lease_wait_s",
+            uri=uri, wait_s=wait_s, holder=who)
+
+    return held.hold(wait_s, busy)
+
+
+def run_lease(uri: str, wait_s: float = RUN_LEASE_WAIT_S) -> AbstractContextManager[None]:
+    """Hold the run lease of the store at `uri` for a whole consolidation (raises `RunInProgressError`
+    when another run still holds it after `wait_s`)."""
+    held = lease(uri, "run")
+
+    def running() -> MnemoError:
+        who = held.holder()
+        return RunInProgressError(
+            f"skipped: a consolidation run is still in progress on store {uri}"
+            + (f" ({who})" if who else "") + f"; waited {wait_s:g}s (run_lease_wait_s)",
+            uri=uri, wait_s=wait_s, holder=who)
+
+    return held.hold(wait_s, running)

@@ -1,0 +1,82 @@
+"""`memory.doctor` and `mnemo doctor [--fix]` on a real consolidated store: duplicates planted with a raw
+LanceDB add (bypassing the upsert) are found and removed down to one copy per id, rows whose source
+messages are gone are reported, and a clean store says so."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import lancedb
+from lancedb.expr import col
+from typer.testing import CliRunner
+
+from flows.cli import app
+from memory.doctor import check, duplicate_ids, missing_sources, remove_duplicates
+from memory.store import Store
+
+
+def doctor(store: Store, *args: str) -> Any:
+    return CliRunner().invoke(app, ["--store", store.uri, "doctor", *args])
+
+
+def plant_duplicates(store: Store, table: str, n: int) -> list[str]:
+    """Add a second copy of `n` rows of `table` straight through LanceDB (the race's outcome); the
+    copies differ in `run_id` so the kept one can be told apart."""
+    rows = store.read(table).slice(0, n).to_pylist()
+    for row in rows:
+        row["run_id"] = "planted"
+    lancedb.connect(store.uri).open_table(table).add(store.conform(table, rows))
+    return [r["id"] for r in rows]
+
+
+def test_a_consolidated_store_is_clean(sample_store: Store) -> None:
+    report = check(sample_store)
+    assert report.duplicates == {} and report.missing == {}
+    assert report.ok
+    res = doctor(sample_store)
+    assert res.exit_code == 0, res.output
+    assert "no duplicate ids, no missing sources" in res.output
+
+
+def test_planted_duplicates_are_found_and_fixed_to_one_copy(sample_store: Store) -> None:
+    rows_before = sample_store.read("fragments", columns=["id"]).num_rows
+    planted = plant_duplicates(sample_store, "fragments", 3)
+    planted_insights = plant_duplicates(sample_store, "insights", 1)
+    assert duplicate_ids(sample_store) == {"fragments": dict.fromkeys(sorted(planted), 2),
+                                           "insights": {planted_insights[0]: 2}}
+
+    res = doctor(sample_store)
+    assert res.exit_code == 1, res.output
+    assert "fragments: 3 duplicate ids (3 extra rows" in res.output
+    assert "mnemo doctor --fix" in res.output
+
+    res = doctor(sample_store, "--fix", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["removed"] == {"fragments": 3, "insights": 1} and data["ok"]
+
+    assert duplicate_ids(sample_store) == {}
+    kept = sample_store.read("fragments", where=col("id").isin(planted), columns=["id", "run_id"])
+    assert sorted(kept.column("id").to_pylist()) == sorted(planted)
+    assert set(kept.column("run_id").to_pylist()) == {"planted"}   # the last written copy is kept
+    assert sample_store.read("fragments", columns=["id"]).num_rows == rows_before
+    assert remove_duplicates(sample_store) == {}
+    assert doctor(sample_store).exit_code == 0
+
+
+def test_rows_whose_source_messages_are_gone_are_reported(sample_store: Store) -> None:
+    frag = sample_store.read("fragments", columns=["id", "user_id", "source_ids"]).to_pylist()[0]
+    gone = frag["source_ids"][0]
+    sample_store.delete("messages", (col("user_id") == frag["user_id"]) & (col("message_id") == gone))
+
+    missing = missing_sources(sample_store)
+    assert "fragments" in missing
+    hit = [r for r in missing["fragments"] if r["id"] == frag["id"]]
+    assert hit and hit[0]["missing"] == [gone] and hit[0]["user_id"] == frag["user_id"]
+    for rows in missing.values():   # only the deleted message is missing, only for its user
+        assert {m for r in rows for m in r["missing"]} == {gone}
+        assert {r["user_id"] for r in rows} == {frag["user_id"]}
+
+    res = doctor(sample_store, "--fix")
+    assert res.exit_code == 1, res.output   # missing sources are reported, never "fixed"
+    assert "rows with missing source messages" in res.output and gone in res.output
