@@ -25,7 +25,7 @@ from typer.core import TyperGroup
 
 from flows.cli import bench, consolidate, ingest, inspect, retrieve
 from flows.cli.context import EXIT_BUSY, console
-from memory.errors import ConfigError, MnemoError, RunInProgressError
+from memory.errors import ConfigError, MnemoError, RunInProgressError, StoreBusyError
 from memory.settings import load_settings
 
 __all__ = ["app", "bench_app", "main"]
@@ -46,12 +46,12 @@ def _invalid(exc: ValidationError) -> str:
 
 class MnemoGroup(TyperGroup):
     """The root command group: a `MnemoError` prints one line and exits 2 (75 for a run skipped
-    because another still runs)."""
+    because another still runs, or a write that waited too long for another writer: try again)."""
 
     def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
         try:
             return super().invoke(ctx)
-        except RunInProgressError as exc:
+        except (RunInProgressError, StoreBusyError) as exc:
             console.print(f"[yellow]{escape(str(exc))}[/yellow]", soft_wrap=True)
             raise typer.Exit(EXIT_BUSY) from None
         except MnemoError as exc:
