@@ -176,3 +176,33 @@ def test_library_code_reads_no_environment(pkg: str) -> None:
 def test_no_module_over_the_size_limit() -> None:
     big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 420}
     assert not big, big
+
+
+def _layout_rows() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_the_readme_layout_names_the_tree() -> None:
+    """Every path the README's layout table names exists, and every module of the packages is named,
+    itself or through its folder (a folder row lists the folder's modules it speaks of)."""
+    import re
+
+    rows = _layout_rows()
+    named = {p for row in rows for p in re.findall(r"`([\w/]+(?:\.py)?/?)`", row.split(" | ")[0])}
+    assert named, "no layout table in the README"
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"the README names paths that do not exist: {missing}"
+    text = "\n".join(rows)
+    unnamed = []
+    for path in MODULES.values():
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name == "__init__.py" or rel in named:
+            continue
+        folder = rel.rsplit("/", 1)[0] + "/"
+        row = next((r for r in rows if f"`{folder}`" in r.split(" | ")[0]), None)
+        listed = row is not None and (f"`{path.name}`" in row or f"`{path.stem}`" in row)
+        if not listed and f"`{rel}`" not in text:
+            unnamed.append(rel)
+    assert not unnamed, f"modules the README's layout does not name: {unnamed}"
