@@ -67,6 +67,10 @@ class RetrievalSettings(BaseModel):
     dedupe_sources: bool = Field(True, description="the hybrid strategies and the walk skip memories whose "
                                  "every source message is already cited above them (so does the "
                                  "reranker after reordering their candidates)")
+    turn_pool_gamma: float = Field(0.0, ge=0.0, description="with > 0 the deduplicating strategies rank a "
+                                   "turn once with the single-source memories citing it (its fragments): "
+                                   "s_turn + n^-γ·max(0, best member − s_turn) for n members (strategies."
+                                   "pool_turns); 0: the plain max over them (off)")
     calibration_samples: int = Field(256, ge=8, description="memories used as pseudo-queries to calibrate")
     calib_high_q: float = Field(0.75, description="θ_high = this quantile of the store's probe means")
     calib_low_q: float = Field(0.25, description="θ_low = this quantile of the store's probe means")

@@ -25,7 +25,8 @@ from typing import Callable
 
 from retrieval import rfmem
 from retrieval.strategies.common import (DEDUPE_POOL, Query, Result, familiarity_signal, novel, novel_order,
-                                         profile_row, subset, thresholds, top)
+                                         pool_turns, profile_row, subset, thresholds, top,
+                                         turn_groups)
 from retrieval.strategies.gated import gated
 from retrieval.strategies.oneshot import dense, familiarity, hybrid
 from retrieval.strategies.walk import walk_strategy
@@ -53,8 +54,10 @@ __all__ = [
     "familiarity_signal",
     "novel",
     "novel_order",
+    "pool_turns",
     "profile_row",
     "subset",
     "thresholds",
     "top",
+    "turn_groups",
 ]

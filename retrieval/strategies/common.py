@@ -104,8 +104,68 @@ def novel(q: Query, rows: np.ndarray, scores: np.ndarray, route: str | None) -> 
     return rows[idx], scores[idx], route
 
 
+def turn_groups(index: UserIndex) -> np.ndarray:
+    """Per index row, its turn group: the row of the turn that a single-source memory cites (when the
+    turn is indexed), else the row itself (turns, memories citing several turns or an unindexed one)."""
+    def build() -> np.ndarray:
+        group = np.arange(index.size, dtype=np.int64)
+        sources = index.meta.column("source_ids").to_pylist()
+        turn_row = {s[0]: i for i, (k, s) in enumerate(zip(index.kinds.tolist(), sources))
+                    if k == "message" and s}
+        for i, s in enumerate(sources):
+            if s and len(s) == 1 and index.kinds[i] != "message":
+                group[i] = turn_row.get(s[0], i)
+        return group
+    return index.memo("turn-groups", build)
+
+
+def _turn_layout(index: UserIndex, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`rows` laid out by turn group: (permutation, segment starts, segment of each permuted row,
+    whether each permuted row is its group's turn)."""
+    group = turn_groups(index)[rows]
+    perm = np.argsort(group, kind="stable")
+    g = group[perm]
+    head = np.r_[True, g[1:] != g[:-1]]
+    return perm, np.flatnonzero(head), np.cumsum(head) - 1, (group == rows)[perm]
+
+
+def pool_turns(q: Query, rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rank each turn once with the single-source memories citing it (its fragments, one-turn
+    topics), when `settings.turn_pool_gamma` > 0: the group scores s_turn + w·max(0, best − s_turn)
+    with w = n^−γ for its n member memories among `rows` (a turn with many fragments has many chances
+    of one matching by accident; one fragment keeps the plain max); a group whose turn is not among
+    `rows` scores its best member. One row per group is kept (its best-scored one), with the group's
+    score, in row order. γ = 0: `rows` and `scores` unchanged (the plain max of `novel`)."""
+    gamma = q.settings.turn_pool_gamma
+    if gamma <= 0 or rows.size == 0:
+        return rows, scores
+    if rows is q.rows():                                       # the searched rows: the layout is cached
+        layout = q.index.memo("turn-layout:" + ",".join(sorted(q.kinds)), lambda: _turn_layout(q.index, rows))
+    else:
+        layout = _turn_layout(q.index, rows)
+    perm, starts, seg, is_turn = layout
+    sc = scores[perm].astype(np.float64)
+    members = np.where(is_turn, -np.inf, sc)
+    best = np.maximum.reduceat(members, starts)
+    n = np.add.reduceat((~is_turn).astype(np.int64), starts)
+    turn = np.full(starts.size, np.nan)
+    turn[seg[is_turn]] = sc[is_turn]
+    w = np.maximum(n, 1).astype(np.float64) ** -gamma
+    pooled = np.where(np.isnan(turn), best,
+                      np.where(n == 0, turn, turn + w * np.maximum(0.0, best - np.nan_to_num(turn))))
+    top_hit = np.flatnonzero(sc == np.maximum.reduceat(sc, starts)[seg])   # each group's best row(s)
+    first = top_hit[np.r_[True, seg[top_hit][1:] != seg[top_hit][:-1]]]
+    keep = perm[first]
+    order = np.argsort(keep)
+    q.signals["turn_pooled"] = int(rows.size - keep.size)
+    return rows[keep[order]], pooled[seg[first]][order].astype(np.float32)
+
+
 def top(q: Query, rows: np.ndarray, ranked: np.ndarray, route: str | None, dedupe: bool) -> Result:
-    """The best k rows by `ranked`; with `dedupe` the novel ones among the best k × DEDUPE_POOL."""
+    """The best k rows by `ranked`; with `dedupe` the novel ones among the best k × DEDUPE_POOL
+    (turns pooled with their memories first, see `pool_turns`)."""
+    if dedupe:
+        rows, ranked = pool_turns(q, rows, ranked)
     best = rfmem.top_k(ranked, q.k * DEDUPE_POOL if dedupe else q.k)
     if dedupe:
         return novel(q, rows[best], ranked[best], route)

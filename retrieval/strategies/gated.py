@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from retrieval import rfmem
-from retrieval.strategies.common import (DEDUPE_POOL, Query, Result, familiarity_signal, novel, subset,
-                                         thresholds, top)
+from retrieval.strategies.common import (DEDUPE_POOL, Query, Result, familiarity_signal, novel,
+                                         pool_turns, subset, thresholds, top)
 
 
 def gated(q: Query, *, route: str | None, fused: bool, calibrated: bool = False) -> Result:
@@ -42,6 +42,10 @@ def gated(q: Query, *, route: str | None, fused: bool, calibrated: bool = False)
         q.signals["filled"] = len(extra)
         idx = np.concatenate([idx, np.asarray(extra, dtype=np.int64)])
         sc = np.concatenate([sc, ranked[extra].astype(np.float32)])
+    if dedupe and s.turn_pool_gamma > 0:  # pool the union's turns with their memories, rank it again
+        cand, sc = pool_turns(q, rows[idx], sc)
+        order = rfmem.top_k(sc, sc.size)
+        return novel(q, cand[order], sc[order], route)
     if dedupe:
         return novel(q, rows[idx], sc, route)
     return rows[idx], sc, route
