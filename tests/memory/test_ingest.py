@@ -1,6 +1,6 @@
 """Ingest of LoCoMo, LongMemEval, JSONL and Parquet archives into a real LanceDB store:
 counts, deterministic ids, idempotent re-ingest, quarantine with reasons, tenant scoping, input limits.
-(BEAM: tests/test_beam_ingest.py.)"""
+(BEAM: tests/memory/test_beam_ingest.py.)"""
 from __future__ import annotations
 
 import json

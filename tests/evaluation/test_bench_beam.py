@@ -15,8 +15,9 @@ from evaluation.beam import UpdateFirst, evidence_ids, report, run_beam, scale_o
 from memory.errors import ConfigError
 from memory.settings import Settings
 from retrieval.retriever import RetrievalResult, UnknownStrategyError
+from tests.helpers import REPO
 
-BEAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "beam"
+BEAM = REPO.parent / "shared" / "data" / "beam"
 CHAT = BEAM / "100K" / "1"
 #: characters kept of each message (the consolidation of a whole 100K chat takes minutes on 2 cores)
 KEEP = 400
