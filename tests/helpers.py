@@ -199,3 +199,19 @@ def write_user(store: Store, emb: "Embedder", user: str, turns: list[tuple[str, 
            "session_ts": ts(5)}
     ins["vector"] = emb.embed([ins["text"]])[0]
     store.upsert("insights", [ins])
+
+
+def messages_store(root: Path, embedder: "Embedder", user: str, texts: list[str]) -> Store:
+    """A store at `root` holding `texts` as one session of `user`'s turns, embedded: the smallest
+    store a retrieval or service test can search."""
+    st = Store(str(root), dim=embedder.dim)
+    speaker = user.capitalize()
+    rows: list[dict[str, Any]] = [
+        {"id": f"{user}-m{i}", "user_id": user, "session_id": "s1", "message_id": f"D1:{i}", "seq": i,
+         "speaker": speaker, "text": t, "ts": datetime(2023, 3, i + 1, tzinfo=timezone.utc)}
+        for i, t in enumerate(texts)]
+    for r, v in zip(rows, embedder.embed([f"{speaker}: {t}" for t in texts])):
+        r["vector"] = v
+    st.upsert("messages", rows)
+    return st
+

@@ -1,7 +1,6 @@
 """The HTTP service on a real uvicorn server on loopback, called with httpx."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any, Callable, ContextManager, Iterator
 
 import httpx
@@ -11,21 +10,16 @@ from memory.embed import Embedder
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
 from retrieval.service import create_app
+from tests.helpers import messages_store
 
 KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
-    st = Store(str(tmp_path_factory.mktemp("svc") / "store"), dim=embedder.dim)
-    texts = ["I adopted a puppy named Biscuit", "I work as a nurse in Boston", "I love jazz and play the sax"]
-    rows = [{"id": f"eve-m{i}", "user_id": "eve", "session_id": "s1", "message_id": f"D1:{i}", "seq": i,
-             "speaker": "Eve", "text": t, "ts": datetime(2023, 3, i + 1, tzinfo=timezone.utc)}
-            for i, t in enumerate(texts)]
-    for r, v in zip(rows, embedder.embed([f"Eve: {t}" for t in texts])):
-        r["vector"] = v
-    st.upsert("messages", rows)
-    return st
+    return messages_store(tmp_path_factory.mktemp("svc") / "store", embedder, "eve",
+                          ["I adopted a puppy named Biscuit", "I work as a nurse in Boston",
+                           "I love jazz and play the sax"])
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ is read, bodies over the limit (chunked or not) are refused while they stream, a
 meaningless fields are 422, never 500 nor a silent default."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any, Callable, ContextManager, Iterator
 
 import httpx
@@ -11,10 +10,10 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from memory.embed import Embedder
-from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
 from retrieval.feedback import read_feedback
 from retrieval.service import create_app
+from tests.helpers import messages_store
 
 KEY = "limits-key-1"
 MAX_QUERY = 200
@@ -64,14 +63,8 @@ class Body:
 
 @pytest.fixture(scope="module")
 def retriever(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Retriever:
-    st = Store(str(tmp_path_factory.mktemp("limits") / "store"), dim=embedder.dim)
-    texts = ["I adopted a puppy named Biscuit", "I work as a nurse in Boston"]
-    rows = [{"id": f"eve-m{i}", "user_id": "eve", "session_id": "s1", "message_id": f"D1:{i}", "seq": i,
-             "speaker": "Eve", "text": t, "ts": datetime(2023, 3, i + 1, tzinfo=timezone.utc)}
-            for i, t in enumerate(texts)]
-    for r, v in zip(rows, embedder.embed([f"Eve: {t}" for t in texts])):
-        r["vector"] = v
-    st.upsert("messages", rows)
+    st = messages_store(tmp_path_factory.mktemp("limits") / "store", embedder, "eve",
+                        ["I adopted a puppy named Biscuit", "I work as a nurse in Boston"])
     return Retriever(st, RetrievalSettings(api_key=KEY, max_query_chars=MAX_QUERY, refresh_ms=0), embedder=embedder)
 
 
