@@ -89,6 +89,7 @@ class Store:
 
     def table(self, name: str) -> Any:
         """Open a table, creating it empty with its schema when missing."""
+        evolve = False
         with self._lock:
             tbl = self._tables.get(name)
             if tbl is None:
@@ -96,10 +97,30 @@ class Store:
                 if self.has_table(name):
                     tbl = self.db.open_table(name)
                     self._check_dim(name, tbl.schema)
+                    evolve = True
                 else:
                     tbl = self.db.create_table(name, schema=schema, exist_ok=True)
                 self._tables[name] = tbl
-            return tbl
+        if evolve:   # outside `_lock`: a writer holding the lease may be waiting for it
+            self._add_missing_columns(name, tbl, schema)
+        return tbl
+
+    def _add_missing_columns(self, name: str, tbl: Any, schema: pa.Schema) -> None:
+        """Evolve a table written by an older mnemo: columns added to its schema since then are
+        added as nulls (all new columns are nullable), so old stores keep working."""
+        have = set(tbl.schema.names)
+        missing = [f for f in schema if f.name not in have]
+        if not missing:
+            return
+        if any(not f.nullable for f in missing):
+            raise StoreError(f"table {name!r} in {self.uri} lacks required columns "
+                             f"{[f.name for f in missing if not f.nullable]}: rebuild the store", table=name)
+        with self.write_lease():
+            tbl.checkout_latest()   # another process may have evolved it meanwhile
+            missing = [f for f in schema if f.name not in set(tbl.schema.names)]
+            if missing:
+                tbl.add_columns(missing)
+        log.info("added columns %s to %s", [f.name for f in missing], name)
 
     def _check_dim(self, name: str, schema: pa.Schema) -> None:
         for field in schema:

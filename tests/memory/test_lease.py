@@ -323,3 +323,23 @@ def test_a_killed_runs_prefect_server_is_stopped_by_the_next_run(tmp_path: Path,
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_old_store_gains_new_columns(tmp_path):
+    """A table written before a column was added to its schema is evolved on open (nulls), so
+    upserts of the new schema work on old stores."""
+    import lancedb
+    import pyarrow as pa
+
+    from memory import schemas
+    from memory.store import Store
+
+    full = schemas.schema_for("sessions", 384)
+    old = pa.schema([f for f in full if f.name != "observed"])
+    db = lancedb.connect(str(tmp_path))
+    db.create_table("sessions", data=pa.Table.from_pylist(
+        [{"id": "s1", "user_id": "u", "session_id": "s1", "n_messages": 2}], schema=old))
+    store = Store(str(tmp_path))
+    store.upsert("sessions", [{"id": "s2", "user_id": "u", "session_id": "s2", "n_messages": 1, "observed": True}])
+    rows = {r["id"]: r for r in store.read("sessions").to_pylist()}
+    assert rows["s1"]["observed"] is None and rows["s2"]["observed"] is True
