@@ -121,12 +121,3 @@ def create_app(retriever: Retriever) -> FastAPI:
 
     return app
 
-
-def serve(retriever: Retriever, host: str, port: int) -> None:
-    """Run the service with uvicorn until interrupted, BLAS single-threaded (requests run in
-    parallel threads; one query's matrix products are too small to gain from a BLAS pool)."""
-    import uvicorn
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=1, user_api="blas")
-    uvicorn.run(create_app(retriever), host=host, port=port, log_level="info")

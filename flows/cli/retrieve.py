@@ -54,7 +54,7 @@ def serve(
     port: Optional[int] = typer.Option(None, "--port", help="port [default 8765]"),
 ) -> None:
     """Serve retrieval over HTTP (FastAPI; docs at /docs). MNEMO_API_KEY turns on bearer auth."""
-    from retrieval.service import serve as run
+    from flows.service import serve as run
 
     base = settings_of(ctx)
     settings = base.model_copy(update={"retrieval": base.retrieval.with_overrides(host=host, port=port)})
