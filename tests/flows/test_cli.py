@@ -161,7 +161,7 @@ def test_commands_use_the_store_the_environment_names(monkeypatch: pytest.Monkey
 
 def test_serve_flags_override_the_retrieval_section(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import flows.cli.retrieve as cli_retrieve
-    import retrieval.service
+    import flows.service
 
     opened: list[Settings] = []
     served: list[tuple[object, str, int]] = []
@@ -171,7 +171,7 @@ def test_serve_flags_override_the_retrieval_section(monkeypatch: pytest.MonkeyPa
         return "retriever"
 
     monkeypatch.setattr(cli_retrieve, "open_retriever", open_retriever)
-    monkeypatch.setattr(retrieval.service, "serve", lambda r, host, port: served.append((r, host, port)))
+    monkeypatch.setattr(flows.service, "serve", lambda r, host, port: served.append((r, host, port)))
     monkeypatch.setenv("MNEMO_RETRIEVAL_HOST", "0.0.0.0")
     monkeypatch.setenv("MNEMO_RETRIEVAL_PORT", "9000")
     monkeypatch.setenv("MNEMO_RETRIEVAL_TAU", "0.5")
