@@ -108,12 +108,21 @@ class StoreBusyError(StoreError):
     """Another writer held the store's write lease (memory.lease) longer than a write may wait."""
 
 
+class VersionGoneError(StoreError):
+    """A table version a reader pinned is gone (a forget's purge or a compaction cleaned it up): re-pin
+    to the store's current snapshot and read again."""
+
+
 class RunInProgressError(MnemoError):
     """Another consolidation run still holds the store's run lease (memory.lease): this run is skipped."""
 
 
 class IngestError(MnemoError):
     """An archive cannot be read at all (a bad row is quarantined, not raised)."""
+
+
+class AppendTooLargeError(IngestError):
+    """An append batch carries more turns than `Settings.append_max_messages`: split it."""
 
 
 class LLMError(MnemoError):

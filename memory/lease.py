@@ -1,13 +1,14 @@
 """Store leases: one writer per store across processes, and one consolidation run at a time.
 
-Two leases per store, each an OS file lock (`fcntl.flock`, exclusive) on its own file:
+Two leases per store, each an OS file lock (`fcntl.flock`, exclusive) on its own file (a lease row on
+object stores, see below):
 
 - the **writer lease** (`.mnemo-write.lock`) is taken by every write of `memory.store.Store` (upsert,
   delete, drop_table, optimize) for the duration of that one write, so appends, feedback and ingests
   from other processes go in between a consolidation's commits instead of racing them (two processes
   `merge_insert`-ing the same new ids at once both insert: lancedb#2463, lance#4585). A caller may
-  hold it across several writes to make them one unit for other writers (`Store.write_lease()`);
-  readers never take it.
+  hold it across several writes to make them one unit for other writers (`Store.write_lease()`;
+  `Store.unit()` makes them one for readers too, `memory.units`); readers never take it.
 - the **run lease** (`.mnemo-run.lock`) is held by `mnemo consolidate` / `backfill` (and
   `memory.runs.consolidate`) for the whole run: a second run waits up to `Settings.run_lease_wait_s`,
   then raises `RunInProgressError` (the CLI exits 75). It does not block writes.
@@ -17,14 +18,13 @@ The OS drops an flock when its holder dies (`kill -9` included), so a dead holde
 store locked: the next writer or run gets the lease at once. A holder writes `pid host since` into
 the file, read back only to name it in errors.
 
-Where the lock files live:
+Where the leases live (`backend`, `Settings.lease_backend`):
 
-- a local store directory (a plain path or `file://`): inside it.
-- an object-store URI (`s3://`, `gs://`, `az://`, ...): under the system temp directory, keyed by the
-  URI. Processes on one host exclude each other; processes on different hosts do NOT: a file lock
-  cannot span hosts, and LanceDB offers no conditional commit of a single row that a lease row with
-  an expiry could rest on (concurrent `merge_insert` of one new key both commit). Run one writer host
-  per object-store store; `mnemo doctor --fix` repairs duplicates if that is broken.
+- `file` (the default for a local store directory, a plain path or `file://`): lock files inside it.
+- `row` (the default for object-store URIs: `s3://`, `gs://`, `az://`, ...; selectable on a local
+  directory too): a row with an expiry in the store's own `leases` table, taken and renewed through
+  Lance's conditional commit (`memory.lease_row`, which documents its guarantees): it excludes
+  writers on different hosts; a dead holder blocks the others for at most `Settings.lease_ttl_s`.
 - `memory://`: in-process only (threads of the one process that can see it exclude each other).
 """
 from __future__ import annotations
@@ -45,7 +45,8 @@ try:
 except ImportError:  # pragma: no cover - Windows: leases are in-process only there
     fcntl = None  # type: ignore[assignment]
 
-from memory.errors import MnemoError, RunInProgressError, StoreBusyError, StoreError
+from memory.errors import ConfigError, MnemoError, RunInProgressError, StoreBusyError, StoreError
+from memory.lease_row import LEASE_TTL_S, RowLease
 
 #: the lock file of each lease, inside a local store directory
 LOCK_FILES = {"write": ".mnemo-write.lock", "run": ".mnemo-run.lock"}
@@ -183,19 +184,40 @@ class Lease:
             self._fd = None
 
 
-_LEASES: dict[tuple[str, str], Lease] = {}
+_LEASES: dict[tuple[str, str, str], Lease | RowLease] = {}
 _LEASES_GUARD = threading.Lock()
 
 
-def lease(uri: str, kind: str) -> Lease:
-    """The process-wide lease `kind` of the store at `uri` (one object per store, whatever the
-    number of `Store` handles opened on it)."""
+#: lease backends (`Settings.lease_backend`)
+BACKENDS = ("auto", "file", "row")
+
+
+def store_key(uri: str) -> str:
+    """One name per store, whatever the spelling of its URI (absolute path for local directories)."""
     uri = str(uri)
-    where = os.path.abspath(uri.removeprefix("file://")) if is_local(uri) else uri.rstrip("/")
+    return os.path.abspath(uri.removeprefix("file://")) if is_local(uri) else uri.rstrip("/")
+
+
+def backend_for(uri: str, backend: str = "auto") -> str:
+    """The lease backend of the store at `uri`: `auto` is `file` for local directories and
+    `memory://`, `row` for object-store URIs."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown lease backend {backend!r} (known: {', '.join(BACKENDS)})", backend=backend)
+    if backend == "auto":
+        return "file" if is_local(uri) or str(uri).startswith("memory://") else "row"
+    return backend
+
+
+def lease(uri: str, kind: str, backend: str = "auto", ttl_s: float = LEASE_TTL_S) -> Lease | RowLease:
+    """The process-wide lease `kind` of the store at `uri` (one object per store and backend, whatever
+    the number of `Store` handles opened on it)."""
+    where = store_key(uri)
+    chosen = backend_for(where, backend)
     with _LEASES_GUARD:
-        found = _LEASES.get((where, kind))
+        found = _LEASES.get((where, kind, chosen))
         if found is None:
-            found = _LEASES[(where, kind)] = Lease(lock_path(where, kind))
+            found = _LEASES[(where, kind, chosen)] = (
+                Lease(lock_path(where, kind)) if chosen == "file" else RowLease(where, kind, ttl_s))
         return found
 
 
@@ -210,9 +232,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def write_lease(uri: str, wait_s: float = WRITE_LEASE_WAIT_S) -> AbstractContextManager[None]:
+def write_lease(uri: str, wait_s: float = WRITE_LEASE_WAIT_S, backend: str = "auto",
+                ttl_s: float = LEASE_TTL_S) -> AbstractContextManager[None]:
     """Hold the writer lease of the store at `uri` for a block (raises `StoreBusyError` after `wait_s`)."""
-    held = lease(uri, "write")
+    held = lease(uri, "write", backend, ttl_s)
 
     def busy() -> MnemoError:
         who = held.holder()
@@ -224,10 +247,11 @@ def write_lease(uri: str, wait_s: float = WRITE_LEASE_WAIT_S) -> AbstractContext
     return held.hold(wait_s, busy)
 
 
-def run_lease(uri: str, wait_s: float = RUN_LEASE_WAIT_S) -> AbstractContextManager[None]:
+def run_lease(uri: str, wait_s: float = RUN_LEASE_WAIT_S, backend: str = "auto",
+              ttl_s: float = LEASE_TTL_S) -> AbstractContextManager[None]:
     """Hold the run lease of the store at `uri` for a whole consolidation (raises `RunInProgressError`
     when another run still holds it after `wait_s`)."""
-    held = lease(uri, "run")
+    held = lease(uri, "run", backend, ttl_s)
 
     def running() -> MnemoError:
         who = held.holder()

@@ -37,6 +37,25 @@ def _provenance() -> list[pa.Field]:
     ]
 
 
+def _validity() -> list[pa.Field]:
+    """Validity of a fragment or insight (issue 12): `valid_from` its time (ISO 8601), `valid_until`
+    the time of the memory that replaced it and `superseded_by` that memory's id (both null while
+    current), `contradicts` the id of an older memory it contradicts without replacing it (same date
+    scope, opposite statement), `replaces_sources` the older messages whose statement it replaces
+    when no fragment of theirs holds that statement (extraction missed it), `contradicts_sources`
+    likewise the older messages it contradicts, `supersede_version` the rule set or prompt version that decided it
+    (null: not examined yet). Nothing is deleted: a closed memory stays retrievable as history."""
+    return [
+        pa.field("valid_from", pa.string(), nullable=True),
+        pa.field("valid_until", pa.string(), nullable=True),
+        pa.field("superseded_by", pa.string(), nullable=True),
+        pa.field("contradicts", pa.string(), nullable=True),
+        pa.field("replaces_sources", STR_LIST, nullable=True),
+        pa.field("contradicts_sources", STR_LIST, nullable=True),
+        pa.field("supersede_version", pa.string(), nullable=True),
+    ]
+
+
 def messages(dim: int) -> pa.Schema:
     """One conversation turn as written; `vector` is filled by the embed stage."""
     return pa.schema(_id_user() + [
@@ -77,7 +96,7 @@ def fragments(dim: int) -> pa.Schema:
         pa.field("text", pa.string()),
         pa.field("cluster_id", pa.string()),
         pa.field("vector", vector_type(dim)),
-    ] + _provenance())
+    ] + _provenance() + _validity())
 
 
 def insights(dim: int) -> pa.Schema:
@@ -93,7 +112,7 @@ def insights(dim: int) -> pa.Schema:
         pa.field("text", pa.string()),
         pa.field("parent_ids", STR_LIST),
         pa.field("vector", vector_type(dim)),
-    ] + _provenance())
+    ] + _provenance() + _validity())
 
 
 def observations(dim: int) -> pa.Schema:
@@ -219,6 +238,12 @@ def llm_cache(dim: int) -> pa.Schema:
         pa.field("tokens_in", pa.int64()),
         pa.field("tokens_out", pa.int64()),
         pa.field("created_at", TS),
+        # the reverse index `memory.forget` deletes by (no scan of prompts): the user the request was
+        # for, the message ids its prompt quotes and the memory ids (fragments, phases, topics, links,
+        # `text:<hash>` of a quoted summary) it was built from
+        pa.field("user_id", pa.string(), nullable=True),
+        pa.field("message_ids", STR_LIST, nullable=True),
+        pa.field("memory_ids", STR_LIST, nullable=True),
     ])
 
 
@@ -323,6 +348,35 @@ def summaries(dim: int) -> pa.Schema:
     ] + _provenance())
 
 
+def units(dim: int) -> pa.Schema:
+    """The store's one commit marker (`memory.units`): the last multi-table unit a writer opened or
+    closed (`state` open / closed / aborted), with every table's version at that moment, so readers
+    pin their snapshot to the versions before an open unit (all of it or none of it)."""
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("seq", pa.int64()),
+        pa.field("state", pa.string()),
+        pa.field("label", pa.string()),
+        pa.field("user_ids", STR_LIST),
+        pa.field("versions_json", pa.string()),
+        pa.field("holder", pa.string()),
+        pa.field("at", TS),
+    ])
+
+
+def leases(dim: int) -> pa.Schema:
+    """Lease rows of object-store stores (`memory.lease_row`): one per lease kind, with its holder and
+    expiry. `id` is declared Lance's unenforced primary key, so of two concurrent inserts of one new
+    key (or updates of one row) Lance commits one and re-plans the other against it."""
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False, metadata={"lance-schema:unenforced-primary-key": "true"}),
+        pa.field("holder", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("pid", pa.int64()),
+        pa.field("acquired_at", TS),
+        pa.field("expires_at", TS),
+    ])
+
 SCHEMAS = {
     "messages": messages,
     "sessions": sessions,
@@ -342,6 +396,8 @@ SCHEMAS = {
     "graph_nodes": graph_nodes,
     "graph_edges": graph_edges,
     "summaries": summaries,
+    "units": units,
+    "leases": leases,
 }
 
 #: tables whose rows are scoped by user and get a scalar index on `user_id`

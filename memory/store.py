@@ -6,15 +6,18 @@ see several tables as they were at one moment pin each to a version, through a s
 handles checked out at those versions). Writes are `merge_insert` upserts on the deterministic `id`,
 de-duplicated per batch, each under the store's writer lease (`memory.lease`: one writer per store
 across processes; concurrent merge_insert of the same new key duplicates upstream, lancedb#2463).
+Several writes that readers must see together or not at all are one `unit()` (`memory.units`);
+readers pin their versions with `snapshot()`.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections import OrderedDict
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import lancedb
 import polars as pl
@@ -22,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.expr import Expr, col, lit
 
-from memory import schemas
-from memory.errors import StoreError
+from memory import schemas, units
+from memory.errors import StoreBusyError, StoreError, VersionGoneError
 from memory.ids import validate_user_id
-from memory.lease import WRITE_LEASE_WAIT_S, write_lease
+from memory.lease import WRITE_LEASE_WAIT_S, lease, store_key, write_lease
+from memory.lease_row import LEASE_TTL_S, RowLease
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +64,13 @@ class Store:
     """A LanceDB database holding every mnemo table; `dim` is the embedder's vector width."""
 
     def __init__(self, uri: str, dim: int = 384, *, consistency_s: float | None = 0.0,
-                 write_lease_wait_s: float = WRITE_LEASE_WAIT_S) -> None:
+                 write_lease_wait_s: float = WRITE_LEASE_WAIT_S, lease_backend: str = "auto",
+                 lease_ttl_s: float = LEASE_TTL_S) -> None:
         self.uri = str(uri)
         self.dim = dim
         self.write_lease_wait_s = write_lease_wait_s
+        self.lease_backend, self.lease_ttl_s = lease_backend, lease_ttl_s
+        self.lease_key = store_key(self.uri)
         interval = None if consistency_s is None else timedelta(seconds=consistency_s)
         try:
             self.db = lancedb.connect(self.uri, read_consistency_interval=interval)
@@ -170,16 +177,49 @@ class Store:
         with self.write_lease():
             self.db.drop_table(name)
 
+    def insert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
+        """Append rows whose ids the caller checked are not stored, while it holds the writer lease
+        (`memory.ingest`'s new messages): no merge, so the cost does not grow with the table (an
+        upsert joins every stored id). Returns the number of rows written."""
+        table = self.conform(name, data)
+        if table.num_rows == 0:
+            return 0
+        table = _dedupe_last(table)
+        with self.write_lease(), _write_lock(self.uri, name):
+            tbl = self.table(name)
+            tbl.checkout_latest()
+            tbl.add(table, on_bad_vectors="null")
+            self._ensure_user_index(name, tbl)
+        return table.num_rows
+
     def delete(self, name: str, where: Expr) -> None:
         with self.write_lease():
             self.table(name).delete(where)
 
-    def write_lease(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def write_lease(self) -> Iterator[None]:
         """Hold the store's writer lease (`memory.lease`: one writer per store across processes, for
         one write) for a block; every write takes it, and it is re-entrant, so a caller may hold it
-        across several writes to make them one unit for other writers. Raises StoreBusyError after
-        `write_lease_wait_s`."""
-        return write_lease(self.uri, self.write_lease_wait_s)
+        across several writes to make them one unit for other writers (`unit()` also makes them one
+        for readers). Raises StoreBusyError after `write_lease_wait_s`, or when a lease row was lost."""
+        held = lease(self.uri, "write", self.lease_backend, self.lease_ttl_s)
+        outermost = not held.held()
+        with write_lease(self.uri, self.write_lease_wait_s, self.lease_backend, self.lease_ttl_s):
+            if isinstance(held, RowLease) and not held.valid():
+                raise StoreBusyError(f"store {self.uri}: this writer's lease expired before it could renew "
+                                     f"it (lease_ttl_s {self.lease_ttl_s:g}); retry", uri=self.uri)
+            if outermost:
+                units.recover(self)   # a unit whose holder died: let readers move past it
+            yield
+
+    def unit(self, user_ids: Iterable[str] = (), label: str = "unit") -> AbstractContextManager[None]:
+        """Several writes that readers see all together or not at all (a shard commit, a forget): holds
+        the write lease for the block and publishes a commit marker (`memory.units`)."""
+        return units.unit(self, user_ids, label)
+
+    def snapshot(self, tables: Iterable[str]) -> dict[str, int]:
+        """The version of each table a reader should pin: never half of a unit (`memory.units`)."""
+        return units.snapshot(self, tables)
 
     def _ensure_user_index(self, name: str, tbl: Any) -> None:
         if name not in schemas.USER_TABLES or name in self._indexed:
@@ -193,14 +233,39 @@ class Store:
         except Exception as exc:  # an index is an optimisation; never fail a write for it
             log.warning("could not index %s.user_id: %s", name, exc)
 
-    def optimize(self) -> None:
-        """Compact files and refresh indices after big runs (every add() makes a version)."""
-        for name in self.table_names():
+    def optimize(self, tables: Iterable[str] | None = None, *, min_fragments: int = 0,
+                 cleanup_older_than_s: float | None = None) -> list[str]:
+        """Compact the data files of `tables` (default: all) holding more than `min_fragments` fragments,
+        refresh their indices and delete the files of versions created over `cleanup_older_than_s` ago
+        (never the latest; None: LanceDB's 7 days). Every write makes a version and most a fragment, so
+        without this a store's file count grows with its runs. Returns the tables compacted."""
+        done = []
+        older = None if cleanup_older_than_s is None else timedelta(seconds=cleanup_older_than_s)
+        names = set(self.table_names())
+        for name in sorted(set(tables) & names if tables is not None else names):
             try:
                 with self.write_lease():
-                    self.table(name).optimize()
-            except Exception as exc:
+                    tbl = self.table(name)
+                    tbl.checkout_latest()
+                    if tbl.stats()["fragment_stats"]["num_fragments"] <= min_fragments:
+                        continue
+                    with warnings.catch_warnings():  # the warning about short cleanups: see the setting
+                        warnings.simplefilter("ignore", UserWarning)
+                        tbl.optimize(cleanup_older_than=older)
+                done.append(name)
+            except Exception as exc:  # compaction is an optimisation; never fail a run for it
                 log.warning("optimize %s failed: %s", name, exc)
+        return done
+
+    def data_files(self) -> dict[str, tuple[int, int]]:
+        """(data fragments, bytes) of the latest version of every table: what compaction keeps bounded."""
+        out = {}
+        for name in sorted(self.table_names()):
+            tbl = self.table(name)
+            tbl.checkout_latest()
+            st = tbl.stats()
+            out[name] = (int(st["fragment_stats"]["num_fragments"]), int(st["total_bytes"]))
+        return out
 
     # -- reads ----------------------------------------------------------------------------
     def read(
@@ -231,7 +296,15 @@ class Store:
             q = q.where(cond)
         if columns is not None:
             q = q.select(columns)
-        return q.limit(None).to_arrow()
+        if version is None:
+            return q.limit(None).to_arrow()
+        try:
+            return q.limit(None).to_arrow()
+        except Exception as exc:   # its files were cleaned up under a cached handle (a purge, a compaction)
+            with self._lock:
+                self._pinned.pop((name, int(version)), None)
+            raise VersionGoneError(f"cannot read table {name!r} at version {version}: {exc}", table=name,
+                                   version=version) from exc
 
     def _empty(self, name: str, columns: list[str] | None) -> pa.Table:
         schema = schemas.schema_for(name, self.dim)
@@ -253,8 +326,8 @@ class Store:
             tbl = self.db.open_table(name)
             tbl.checkout(key[1])
         except Exception as exc:   # lancedb raises plain errors for a missing or cleaned-up version
-            raise StoreError(f"cannot read table {name!r} at version {version}: {exc}", table=name,
-                             version=version) from exc
+            raise VersionGoneError(f"cannot read table {name!r} at version {version}: {exc}", table=name,
+                                   version=version) from exc
         with self._lock:
             self._pinned[key] = tbl
             while len(self._pinned) > PINNED_HANDLES:

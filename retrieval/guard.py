@@ -13,11 +13,14 @@ it sends, chunked ones included. `RequestGuard` runs before the app:
 4. the app gets the body (at most `max_body` bytes) replayed as one message.
 
 The connection of a refused request is closed by the server (its unread body makes it unusable).
+A route that takes larger bodies (appends) gets its own limit by path (`path_limits`, `allow_body`).
 """
 from __future__ import annotations
 
 import hmac
 import json
+import re
+from typing import Any, Sequence
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,11 +33,16 @@ class RequestGuard:
     """Bearer-token check before any body is read, and a streamed body limit (see the module doc)."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None, max_body: int,
-                 public_paths: frozenset[str] = PUBLIC_PATHS) -> None:
+                 public_paths: frozenset[str] = PUBLIC_PATHS, path_limits: Sequence[tuple[str, int]] = ()) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
         self.max_body = max_body
         self.public_paths = public_paths
+        self.path_limits = [(re.compile(pattern), limit) for pattern, limit in path_limits]
+
+    def limit_for(self, path: str) -> int:
+        """The body limit of a path: that of the first `path_limits` pattern it matches, else `max_body`."""
+        return next((limit for rx, limit in self.path_limits if rx.fullmatch(path)), self.max_body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,9 +52,10 @@ class RequestGuard:
         if not self.authorized(scope["path"], headers):
             await _reply(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
             return
+        max_body = self.limit_for(scope["path"])
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body:
-            await _reply(send, 413, f"request body over {self.max_body} bytes")
+        if declared.isdigit() and int(declared) > max_body:
+            await _reply(send, 413, f"request body over {max_body} bytes")
             return
         body: list[bytes] = []
         size = 0
@@ -56,8 +65,8 @@ class RequestGuard:
                 return                                  # the client left: nothing to answer
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body:
-                await _reply(send, 413, f"request body over {self.max_body} bytes")
+            if size > max_body:
+                await _reply(send, 413, f"request body over {max_body} bytes")
                 return
             body.append(chunk)
             if not message.get("more_body", False):
@@ -70,6 +79,15 @@ class RequestGuard:
             return True
         scheme, _, token = headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key)
+
+
+def allow_body(app: Any, path_pattern: str, max_body: int) -> None:
+    """Give the paths of a FastAPI / Starlette `app` matching `path_pattern` (a regex) their own body
+    limit in its `RequestGuard` (a write route taking larger bodies than the queries); call it before
+    the app serves its first request (the middleware is built then)."""
+    for m in app.user_middleware:
+        if m.cls is RequestGuard:
+            m.kwargs["path_limits"] = (*m.kwargs.get("path_limits", ()), (path_pattern, max_body))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

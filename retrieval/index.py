@@ -8,7 +8,8 @@ returns), and, built on first use, the BM25 index, the per-user gate calibration
 Every index is one snapshot: each table it reads (`TRACKED`: the memory tables and the graph's) is
 read at the version of the cache's current snapshot (`Store.read(version=...)`), never at whatever
 is latest when the read happens, so an index never mixes a table before a write with another after
-it. The index keeps, per table, a digest of its rows' physical addresses (`_rowaddr`, which changes
+it; the snapshot itself is `Store.snapshot`, which never stops inside a multi-table unit (a shard
+commit, a forget: `memory.units`). The index keeps, per table, a digest of its rows' physical addresses (`_rowaddr`, which changes
 whenever a row is inserted, rewritten or deleted).
 
 `IndexCache` re-reads the table versions at most every `refresh_ms`. When tables moved, a cached
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memory import schemas
-from memory.errors import StoreError
+from memory.errors import StoreError, VersionGoneError
 from memory.ids import validate_user_id
 from memory.store import Store
 from retrieval.lexical import BM25Index
@@ -122,8 +123,12 @@ class UserIndex:
             raise StoreError(f"the index of user {self.user_id} was not read from a store")
         with self._lock:
             version = self.version_of(table)
-            t = self.store.read(table, self.user_id, version=version)
-            addresses = self.store.read(table, self.user_id, columns=[ADDR], version=version)
+            try:
+                t = self.store.read(table, self.user_id, version=version)
+                addresses = self.store.read(table, self.user_id, columns=[ADDR], version=version)
+            except VersionGoneError:     # purged under this index: the latest (the index renews soon)
+                t = self.store.read(table, self.user_id)
+                addresses = self.store.read(table, self.user_id, columns=[ADDR])
             self.digests[table] = rows_digest(addresses.column(ADDR))
         return t
 
@@ -251,8 +256,10 @@ class IndexCache:
         self._building: dict[str, list[Any]] = {}  # user -> [lock, waiters]: one build per user
 
     def versions(self) -> tuple[int, ...]:
-        """Latest version of every tracked table (0 when missing)."""
-        return tuple(self.store.version(name) for name in TRACKED)
+        """Version of every tracked table (0 when missing) to pin: the latest, but never half of a
+        multi-table unit (a shard commit, a forget: `Store.snapshot`)."""
+        pinned = self.store.snapshot(TRACKED)
+        return tuple(pinned[name] for name in TRACKED)
 
     def check(self, force: bool = False) -> tuple[int, ...]:
         """The current snapshot: the versions re-read when `refresh_ms` passed (or `force`)."""
@@ -273,6 +280,16 @@ class IndexCache:
                 return current
 
     def get(self, user_id: str) -> UserIndex:
+        """The user's index at the current snapshot; when a version it pinned was cleaned up meanwhile
+        (a forget's purge, a compaction), the snapshot is re-read once and the index built again."""
+        try:
+            return self._get(user_id)
+        except VersionGoneError as exc:
+            log.info("pinned version gone (%s): re-reading the snapshot", exc)
+            self.check(force=True)
+            return self._get(user_id)
+
+    def _get(self, user_id: str) -> UserIndex:
         snapshot = self.check()
         with self._lock:
             idx = self._users.get(user_id)

@@ -12,6 +12,14 @@ and 413 as soon as a body (chunked or not) passes `max_query_chars * 4 + 8192` b
 HTTP codes are chosen here only: malformed user id, blank query, unknown strategy (`""` included),
 unknown memory kind, out-of-range number or bad body 422; query longer than `max_query_chars` 413;
 unknown users get an empty result (200).
+
+Writes (feedback here, appends and forgets of `flows.service`) take the store's write lease
+(`memory.lease`) and wait up to `Settings.write_lease_wait_s` for it: while a consolidation commits a
+shard they are only delayed. A write that still cannot have it gets **503** with `Retry-After:
+RETRY_AFTER_BUSY_S` (`StoreBusyError`: another writer held the lease too long); a write route that
+must not run during a consolidation (`RunInProgressError`) gets **409** with `Retry-After:
+RETRY_AFTER_RUN_S`. Both are safe to retry as they are (every write is an idempotent upsert by id).
+Reads never take a lease and never get either.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
 
-from memory.errors import ConfigError, InvalidUserIdError, MnemoError
+from memory.errors import ConfigError, InvalidUserIdError, MnemoError, RunInProgressError, StoreBusyError
 from memory.schemas import MEMORY_TABLES
 from retrieval.guard import RequestGuard
 from retrieval.retriever import Retriever
@@ -32,6 +40,10 @@ log = logging.getLogger(__name__)
 
 #: the largest value of a signed 64-bit integer (the store's integer columns)
 INT64_MAX = 2**63 - 1
+#: seconds a client is told to wait before retrying a write refused for a busy store (503)
+RETRY_AFTER_BUSY_S = 2
+#: seconds a client is told to wait before retrying a write refused during a consolidation run (409)
+RETRY_AFTER_RUN_S = 30
 
 
 def _not_blank(value: str) -> str:
@@ -81,6 +93,18 @@ def create_app(retriever: Retriever) -> FastAPI:
     @app.exception_handler(ConfigError)
     async def bad_option(_: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(StoreBusyError)
+    async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:
+        log.info("write refused, store busy: %s", exc)
+        return JSONResponse({"detail": str(exc)}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_BUSY_S)})
+
+    @app.exception_handler(RunInProgressError)
+    async def running(_: Request, exc: RunInProgressError) -> JSONResponse:
+        log.info("write refused, consolidation running: %s", exc)
+        return JSONResponse({"detail": str(exc)}, status_code=409,
+                            headers={"Retry-After": str(RETRY_AFTER_RUN_S)})
 
     @app.exception_handler(MnemoError)
     async def failed(_: Request, exc: MnemoError) -> JSONResponse:

@@ -23,8 +23,9 @@ from memory.store import Store, users_filter
 
 
 def commit(store: Store, state: ShardState) -> dict[str, int]:
-    """Write the shard: every table, then progress, then the watermarks. Safe to repeat."""
-    with timed(state, "commit"):
+    """Write the shard: every table, then progress, then the watermarks, as one unit for readers
+    (`Store.unit`: they see all of it or none of it). Safe to repeat."""
+    with timed(state, "commit"), store.unit(state.users, label=f"commit {state.run_id}"):
         written = {
             "messages": store.upsert("messages", state.message_rows),
             "fragments": store.upsert("fragments", state.fragments),

@@ -26,12 +26,12 @@ from memory.store import Store
 from tests.helpers import REPO
 
 #: a writer process: opens the store of each trial, says "ready", upserts the same 500 new fragment
-#: ids when told "go", says "done"; argv: root, trials, lease (1) or not (0)
+#: ids when told "go", says "done"; argv: root, trials, lease (1) or not (0), lease backend
 RACER = """
 import contextlib, sys
 import numpy as np
 from memory.store import Store
-root, trials, lease = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+root, trials, lease, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 if not lease:
     Store.write_lease = lambda self: contextlib.nullcontext()
 rng = np.random.default_rng(0)
@@ -39,7 +39,7 @@ rows = [{"id": f"frag-{i:04d}", "user_id": "alice", "content": f"fact {i}", "tex
          "vector": rng.standard_normal(384).astype("float32").tolist(), "source_ids": [f"m{i}"]}
         for i in range(500)]
 for t in range(trials):
-    store = Store(f"{root}/trial-{t}", dim=384)
+    store = Store(f"{root}/trial-{t}", dim=384, lease_backend=backend)
     print("ready", flush=True)
     sys.stdin.readline()
     try:
@@ -51,14 +51,15 @@ for t in range(trials):
     print("done", flush=True)
 """
 
-#: holds a lease of the store at argv[1] (argv[2]: "write" or "run"), says "held", sleeps
+#: holds a lease of the store at argv[1] (argv[2]: "write" or "run") for argv[3] seconds, with lease
+#: backend argv[4] and row lease lifetime argv[5]; says "held", sleeps
 HOLDER = """
 import sys, time
 from memory.lease import run_lease, write_lease
 hold = write_lease if sys.argv[2] == "write" else run_lease
-with hold(sys.argv[1], 5.0):
+with hold(sys.argv[1], 5.0, sys.argv[4], float(sys.argv[5])):
     print("held", flush=True)
-    time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 120)
+    time.sleep(float(sys.argv[3]))
 """
 
 
@@ -78,8 +79,9 @@ def holder(tmp_path: Path) -> Iterator[Any]:
     """`holder(uri, kind)`: a process holding a lease of the store at `uri` (killed at the end)."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(uri: str, kind: str, seconds: float = 120) -> subprocess.Popen[str]:
-        proc = _python(HOLDER, uri, kind, str(seconds))
+    def start(uri: str, kind: str, seconds: float = 120, backend: str = "auto",
+              ttl_s: float = 30.0) -> subprocess.Popen[str]:
+        proc = _python(HOLDER, uri, kind, str(seconds), backend, str(ttl_s))
         procs.append(proc)
         _expect(proc, "held")
         return proc
@@ -91,10 +93,10 @@ def holder(tmp_path: Path) -> Iterator[Any]:
         proc.wait(timeout=10)
 
 
-def race(root: Path, trials: int, *, lease_on: bool) -> list[int]:
+def race(root: Path, trials: int, *, lease_on: bool, backend: str = "auto") -> list[int]:
     """Two processes upsert the same 500 new ids into a fresh store at the same instant, `trials`
-    times; the number of duplicate rows of each trial."""
-    procs = [_python(RACER, str(root), str(trials), "1" if lease_on else "0") for _ in range(2)]
+    times (lease backend `backend`); the number of duplicate rows of each trial."""
+    procs = [_python(RACER, str(root), str(trials), "1" if lease_on else "0", backend) for _ in range(2)]
     try:
         for _ in range(trials):
             for p in procs:
@@ -119,9 +121,9 @@ def race(root: Path, trials: int, *, lease_on: bool) -> list[int]:
 
 
 def test_two_processes_upserting_the_same_new_ids_leave_no_duplicate(tmp_path: Path) -> None:
-    dups = race(tmp_path, 15, lease_on=True)
-    assert dups == [0] * 15
-    for t in range(15):
+    dups = race(tmp_path, 20, lease_on=True)
+    assert dups == [0] * 20
+    for t in range(20):
         assert check(Store(str(tmp_path / f"trial-{t}"), dim=384)).duplicates == {}
 
 
@@ -279,7 +281,7 @@ def test_lease_overhead_per_upsert(tmp_path: Path) -> None:
     for mode in ("without", "with"):
         store = Store(str(tmp_path / mode), dim=384)
         if mode == "without":
-            store.write_lease = lambda: nullcontext()
+            setattr(store, "write_lease", lambda: nullcontext())   # the same store, no lease
         store.upsert("runs", rows)
         start = time.perf_counter()
         for i in range(40):

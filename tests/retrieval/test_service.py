@@ -7,9 +7,10 @@ import httpx
 import pytest
 
 from memory.embed import Embedder
+from memory.errors import RunInProgressError
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
-from retrieval.service import create_app
+from retrieval.service import RETRY_AFTER_BUSY_S, RETRY_AFTER_RUN_S, create_app
 from tests.helpers import messages_store
 
 KEY = "test-key-123"
@@ -79,3 +80,34 @@ def test_errors(client: httpx.Client) -> None:
     assert strat.status_code == 422 and "unknown retrieval strategy" in strat.json()["detail"]
     assert client.post("/v1/users/eve/retrieve", json={"query": "x" * 201}).status_code == 413
     assert client.post("/v1/users/eve/retrieve", json={"query": "x" * 100_000}).status_code == 413
+
+
+def test_a_write_on_a_busy_store_gets_503_with_retry_after(client: httpx.Client, store: Store) -> None:
+    """Feedback while another writer holds the store's write lease past the wait: 503 + Retry-After,
+    and the same request goes through once the lease is free (it is safe to retry as it is)."""
+    shown = client.post("/v1/users/eve/retrieve", json={"query": "dog", "k": 1}).json()["items"]
+    body = {"query": "dog", "shown_ids": [shown[0]["id"]], "cited_ids": [shown[0]["id"]]}
+    wait, store.write_lease_wait_s = store.write_lease_wait_s, 0.2
+    try:
+        with store.write_lease():          # held by this thread; the server's threads must wait
+            busy = client.post("/v1/users/eve/feedback", json=body)
+        assert busy.status_code == 503 and busy.headers["retry-after"] == str(RETRY_AFTER_BUSY_S)
+        assert "busy" in busy.json()["detail"]
+        assert client.post("/v1/users/eve/feedback", json=body).status_code == 200
+    finally:
+        store.write_lease_wait_s = wait
+
+
+def test_a_write_during_a_run_gets_409_with_retry_after(embedder: Embedder, store: Store,
+                                                        serve_app: Callable[[Any], ContextManager[str]]) -> None:
+    """A write route that refuses to run during a consolidation (`RunInProgressError`) answers 409."""
+    app = create_app(Retriever(store, RetrievalSettings(), embedder=embedder))
+
+    @app.post("/v1/users/{user_id}/needs-no-run")
+    def needs_no_run(user_id: str) -> None:
+        raise RunInProgressError("skipped: a consolidation run is still in progress on store x")
+
+    with serve_app(app) as base:
+        res = httpx.post(f"{base}/v1/users/eve/needs-no-run")
+    assert res.status_code == 409 and res.headers["retry-after"] == str(RETRY_AFTER_RUN_S)
+    assert "still in progress" in res.json()["detail"]
