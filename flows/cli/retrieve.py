@@ -59,7 +59,7 @@ def serve(
     base = settings_of(ctx)
     settings = base.model_copy(update={"retrieval": base.retrieval.with_overrides(host=host, port=port)})
     r = open_retriever(settings)
-    run(r, settings.retrieval.host, settings.retrieval.port)
+    run(r, settings.retrieval.host, settings.retrieval.port, settings)
 
 
 def train_reranker(

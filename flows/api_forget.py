@@ -1,0 +1,53 @@
+"""`DELETE /v1/users/{user_id}` and `POST /v1/users/{user_id}/forget`: forget a whole user, or some
+of its sessions / messages / messages before a time, and everything derived from them
+(`memory.forget`). Same auth as every route (`retrieval.guard`). Answers 200 with the report (counts
+per table, LLM calls, bytes reclaimed; forgetting what does not exist reports zero), 409 while a
+consolidation holds the store's run lease (after `run_lease_wait_s`), 422 for a bad body or user id.
+The retriever's per-user index rebuilds on its next request: the forget moved the user's rows.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from memory.errors import RunInProgressError
+from memory.forget import forget
+from memory.settings import Settings
+from retrieval.retriever import Retriever
+
+
+class ForgetRequest(BaseModel):
+    sessions: list[str] = Field(default_factory=list, description="session ids to forget")
+    messages: list[str] = Field(default_factory=list, description="message ids to forget")
+    before: Optional[datetime] = Field(None, description="forget the messages before this time (ISO 8601 "
+                                       "with a zone)")
+    keep_versions: bool = Field(False, description="skip the purge of old table versions")
+
+
+def register(app: FastAPI, retriever: Retriever, settings: Settings | None = None) -> None:
+    """Add the forget routes to the service app; `settings`: the store's full settings (the embedder and
+    LLM backend the re-derivation uses, the leases); without them the defaults for the retriever's
+    store (pass them when the store was consolidated with another embedder or LLM)."""
+
+    def full() -> Settings:
+        return settings or Settings(store=retriever.store.uri, retrieval=retriever.settings)
+
+    @app.exception_handler(RunInProgressError)
+    async def running(_: Request, exc: RunInProgressError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409, headers={"retry-after": "60"})
+
+    @app.delete("/v1/users/{user_id}")
+    def forget_user(user_id: str) -> dict[str, Any]:
+        """Forget the whole user: every message and everything derived from it."""
+        return forget(retriever.store, full(), user_id).to_dict()
+
+    @app.post("/v1/users/{user_id}/forget")
+    def forget_some(user_id: str, body: ForgetRequest) -> dict[str, Any]:
+        """Forget some of the user's sessions / messages / messages before a time (all of the user when
+        the body names nothing)."""
+        return forget(retriever.store, full(), user_id, sessions=body.sessions, messages=body.messages,
+                      before=body.before, keep_versions=body.keep_versions).to_dict()

@@ -1,0 +1,332 @@
+"""Planning a forget (read-only): which messages go, which derived rows cite them (provenance, never
+text), how far the user's derived state rolls back, and the shard state that re-derives it.
+
+A row is *tainted* when its provenance reaches a forgotten message: fragments and observations by
+`source_ids`; insights by `source_ids` or `parent_ids` (tainted fragments); clusters by `member_ids`;
+links by their clusters; topics by `source_ids` or the sources of a replaced version in
+`history_json`; phase summaries by `source_ids` or `member_ids`, the profile by its phases; graph
+nodes by the memory they stand for. The rollback point W is the newest session strictly before the
+earliest consolidated session holding a forgotten message or a tainted fragment, insight or cluster
+(a late session's insight can be older than the session it quotes). Everything of the user derived
+from sessions after W is rolled back to the state "as of W" the stages already know how to read
+(the pool by `consumed_ts`, the topic bank by `history_json`, graph and phases by `session_ts`), and
+the surviving sessions after W (up to the old watermark) are consolidated again as one batch.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.expr import col
+
+from memory.embed import Embedder
+from memory.errors import ConfigError
+from memory.ids import validate_user_id
+from memory.stages.load import EPOCH, add_sessions, read_progress
+from memory.stages.shard import Cluster, ShardState, active, frame
+from memory.store import Store
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one forget names: sessions, messages (`message_id` or row id), messages before a time;
+    nothing named means the whole user."""
+
+    user_id: str
+    sessions: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+    before: datetime | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "user_id", validate_user_id(self.user_id))
+        if self.before is not None and self.before.tzinfo is None:
+            raise ConfigError(f"--before {self.before.isoformat()} needs a time zone (e.g. 2024-03-01T00:00:00Z)")
+
+    @property
+    def whole_user(self) -> bool:
+        return not (self.sessions or self.messages or self.before is not None)
+
+    def describe(self) -> dict[str, Any]:
+        """The scope for the `runs` row: ids and a date, never text."""
+        return {"user": self.user_id, "whole_user": self.whole_user, "sessions": list(self.sessions),
+                "messages": list(self.messages), "before": self.before.isoformat() if self.before else None}
+
+
+@dataclass
+class Plan:
+    """Everything a forget of one user writes, computed before any write."""
+
+    user_id: str
+    message_ids: list[str]                      # forgotten `message_id` values
+    row_ids: list[str]                          # their `messages` row ids
+    gone_sessions: list[str]                    # sessions left without a message
+    cut_sessions: dict[str, dict[str, Any]]     # sessions that keep messages: their updated row
+    remaining: int                              # the user's surviving messages
+    tainted: dict[str, set[str]] = field(default_factory=dict)
+    rollback: datetime | None = None            # W; None: nothing derived to redo
+    watermark: tuple[datetime, int] | None = None
+    rerun: list[dict[str, Any]] = field(default_factory=list)   # session rows consolidated again
+    done_at_rollback: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.message_ids and self.rollback is None
+
+
+def _ids(t: pl.DataFrame, column: str = "id") -> set[str]:
+    return set(t[column].to_list()) if t.height else set()
+
+
+def _hits(values: list[Any] | None, wanted: set[str]) -> bool:
+    return bool(values) and not wanted.isdisjoint(values or ())
+
+
+def forgotten_messages(store: Store, scope: Scope, extra: list[str] | None = None) -> pl.DataFrame:
+    """The user's message rows the scope names (plus the `message_id`s of an unfinished forget)."""
+    msgs = frame(store.read("messages", scope.user_id, columns=["id", "session_id", "message_id", "ts", "seq",
+                                                                "speaker"]))
+    if msgs.height == 0 or scope.whole_user:
+        return msgs
+    named = list(scope.messages) + list(extra or [])
+    mask = pl.col("session_id").is_in(list(scope.sessions)) | pl.col("message_id").is_in(named) \
+        | pl.col("id").is_in(named)
+    if scope.before is not None:
+        mask = mask | (pl.col("ts") < scope.before)
+    return msgs.filter(mask)
+
+
+def taint(store: Store, user: str, gone: set[str]) -> tuple[dict[str, set[str]], list[datetime]]:
+    """Ids of the user's rows whose provenance reaches a forgotten message id, per table, and the
+    session times of the tainted fragments, insights and clusters."""
+    out: dict[str, set[str]] = {}
+    times: list[datetime] = []
+
+    def rows(name: str, cols: list[str]) -> list[dict[str, Any]]:
+        return store.read(name, user, columns=cols).to_pylist() if store.has_table(name) else []
+
+    frags = [r for r in rows("fragments", ["id", "session_ts", "source_ids"]) if _hits(r["source_ids"], gone)]
+    out["fragments"] = {r["id"] for r in frags}
+    ins = [r for r in rows("insights", ["id", "session_ts", "source_ids", "parent_ids"])
+           if _hits(r["source_ids"], gone) or _hits(r["parent_ids"], out["fragments"])]
+    out["insights"] = {r["id"] for r in ins}
+    cls = [r for r in rows("clusters", ["id", "session_ts", "member_ids"]) if _hits(r["member_ids"], out["fragments"])]
+    out["clusters"] = {r["id"] for r in cls}
+    times += [r["session_ts"] for r in frags + ins + cls if r["session_ts"] is not None]
+    out["links"] = {r["id"] for r in rows("links", ["id", "pool_cluster_id", "new_cluster_id"])
+                    if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
+    topics = set()
+    for r in rows("topics", ["id", "source_ids", "history_json"]):
+        history = json.loads(r["history_json"] or "[]")
+        if _hits(r["source_ids"], gone) or any(_hits(h.get("source_ids"), gone) for h in history):
+            topics.add(r["id"])
+    out["topics"] = topics
+    summaries = rows("summaries", ["id", "level", "source_ids", "member_ids"])
+    phases = {r["id"] for r in summaries if r["level"] != "profile"
+              and (_hits(r["source_ids"], gone) or _hits(r["member_ids"], out["fragments"]))}
+    out["summaries"] = phases | {r["id"] for r in summaries if r["level"] == "profile"
+                                 and (_hits(r["member_ids"], phases) or _hits(r["source_ids"], gone))}
+    memories = out["fragments"] | out["insights"]
+    out["graph_nodes"] = {r["id"] for r in rows("graph_nodes", ["id", "node_id"]) if r["node_id"] in memories}
+    out["observations"] = {r["id"] for r in rows("observations", ["id", "source_ids"]) if _hits(r["source_ids"], gone)}
+    return out, times
+
+
+def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) -> Plan:
+    """The plan of one forget; `recorded`: the intent of an unfinished forget of the same user (its
+    message ids, rollback point and old watermark win where they reach further)."""
+    user = scope.user_id
+    rec = recorded or {}
+    msgs = frame(store.read("messages", user, columns=["id", "session_id", "message_id", "ts", "seq", "speaker"]))
+    chosen = forgotten_messages(store, scope, list(rec.get("message_ids", [])))
+    f_ids = set(chosen["message_id"].to_list()) if chosen.height else set()
+    f_ids |= set(rec.get("message_ids", []))
+    keep = msgs.filter(~pl.col("message_id").is_in(list(f_ids))) if msgs.height else msgs
+    sessions = frame(store.read("sessions", user))
+    affected = set(chosen["session_id"].to_list()) if chosen.height else set()
+    affected |= set(rec.get("sessions", []))
+    left = {k[0]: g for k, g in keep.group_by(["session_id"])} if keep.height else {}
+    p = Plan(user_id=user, message_ids=sorted(f_ids), row_ids=sorted(_ids(chosen)), gone_sessions=[],
+             cut_sessions={}, remaining=keep.height)
+    for s in sessions.iter_rows(named=True):
+        sid = s["session_id"]
+        if sid not in affected:
+            continue
+        if sid not in left:
+            p.gone_sessions.append(sid)
+        else:
+            g = left[sid].sort("seq")
+            p.cut_sessions[sid] = {**s, "n_messages": g.height,
+                                   "speakers": list(dict.fromkeys(g["speaker"].to_list()))}
+    wm = store.read("watermarks", user)
+    if wm.num_rows:
+        p.watermark = (wm.column("last_session_ts")[0].as_py(), int(wm.column("sessions_done")[0].as_py() or 0))
+    if rec.get("old_watermark") and p.watermark is not None:
+        old = datetime.fromisoformat(rec["old_watermark"])
+        p.watermark = (max(old, p.watermark[0]), p.watermark[1])
+    p.tainted, times = taint(store, user, f_ids)
+    if p.watermark is None:
+        return p
+    last = p.watermark[0]
+    times += [s["ts"] for s in sessions.iter_rows(named=True) if s["session_id"] in affected and s["ts"] <= last]
+    points = []
+    if times:
+        t0 = min(times)
+        before = [s["ts"] for s in sessions.iter_rows(named=True) if s["ts"] < t0]
+        points.append(max(before) if before else EPOCH)
+    if rec.get("rollback_to"):
+        points.append(datetime.fromisoformat(rec["rollback_to"]))
+    if not points:
+        return p
+    p.rollback = min(points)
+    gone = set(p.gone_sessions)
+    p.rerun = [p.cut_sessions.get(s["session_id"], s) for s in sessions.sort(["ts", "session_id"]).iter_rows(named=True)
+               if p.rollback < s["ts"] <= last and s["session_id"] not in gone]
+    p.done_at_rollback = sum(1 for s in sessions.iter_rows(named=True)
+                             if s["ts"] <= p.rollback and s["session_id"] not in gone)
+    return p
+
+
+def feedback_ids(store: Store, user: str, gone: set[str]) -> set[str]:
+    """The user's feedback rows that showed or cited a deleted memory."""
+    if not store.has_table("feedback") or not gone:
+        return set()
+    rows = store.read("feedback", user, columns=["id", "shown_ids", "cited_ids"]).to_pylist()
+    return {r["id"] for r in rows if not gone.isdisjoint((r["shown_ids"] or []) + (r["cited_ids"] or []))}
+
+
+def reranker_ids(store: Store, user: str, feedback: set[str]) -> set[str]:
+    """Reranker versions trained on deleted feedback: the user's own, and global versions trained on
+    feedback at least as new as the oldest deleted row (the nightly train retrains from the version
+    before them on what survives)."""
+    if not feedback or not store.has_table("rerankers"):
+        return set()
+    rows = store.read("feedback", where=col("id").isin(sorted(feedback)), columns=["created_at"]).to_pylist()
+    oldest = min((r["created_at"] for r in rows), default=None)
+    out = set()
+    for r in store.read("rerankers", columns=["id", "scope", "user_id", "feedback_until"]).to_pylist():
+        if r["scope"] == f"user:{user}" or (oldest is not None and r["feedback_until"] is not None
+                                            and r["feedback_until"] >= oldest):
+            out.add(r["id"])
+    return out
+
+
+def rerun_state(store: Store, p: Plan, run_id: str, max_attempts: int) -> ShardState:
+    """The shard state that consolidates the plan's sessions again on top of the user's memory as of
+    the rollback point, without the forgotten messages (and the observations that cite them)."""
+    assert p.rollback is not None
+    user = p.user_id
+    state = ShardState(run_id=run_id, users=[user], max_attempts=max_attempts)
+    state.watermarks[user] = (p.rollback, p.done_at_rollback)
+    gone = set(p.message_ids)
+    if p.rerun:
+        add_sessions(store, state, user, [(s, "new", 0, None, []) for s in p.rerun])
+    state.message_rows = [m for m in state.message_rows if m["message_id"] not in gone]
+    for s in state.sessions:
+        s.messages = [m for m in s.messages if m["message_id"] not in gone]
+        s.n_messages = len(s.messages)
+        if s.observations is not None:
+            s.observations = [o for o in s.observations if gone.isdisjoint(o["source_ids"] or [])]
+    state.sessions = [s for s in state.sessions if s.messages]
+    known = read_progress(store, user)
+    if "" in known:
+        state.progress[(user, "")] = known[""]
+    # the phases and profile are rebuilt on top of those as of W (the profile cites every phase)
+    if p.done_at_rollback or any(i["work"] == "summarize" for i in active(known.get("", {}).get("items", []))):
+        state.summary_retry.append(user)
+    clusters = frame(store.read("clusters", user))
+    if clusters.height and p.done_at_rollback:
+        w = p.rollback
+        live = clusters.filter((pl.col("session_ts") <= w) &
+                               (pl.col("consumed_ts").is_null() | (pl.col("consumed_ts") > w)))
+        state.pools[user] = [Cluster(
+            id=r["id"], user_id=user, session_id=r["session_id"], session_ts=r["session_ts"],
+            member_ids=list(r["member_ids"]), centroid=np.asarray(r["centroid"], dtype=np.float32),
+        ) for r in live.sort(["session_ts", "id"]).iter_rows(named=True)]
+    return state
+
+
+class ReuseEmbedder(Embedder):
+    """The run's embedder, answering texts it already embedded (the rolled-back rows' stored vectors)
+    from memory: a re-derivation embeds only what is new."""
+
+    name = "reuse"
+
+    def __init__(self, base: Embedder, known: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self.base = base
+        self.known = known
+        self.reused = 0
+
+    @property
+    def dim(self) -> int:
+        return self.base.dim
+
+    @property
+    def model_name(self) -> str:
+        return self.base.model_name
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        return self.base.embed(texts)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        missing = [i for i, t in enumerate(texts) if t not in self.known]
+        for i, t in enumerate(texts):
+            if t in self.known:
+                out[i] = self.known[t]
+        self.reused += len(texts) - len(missing)
+        if missing:
+            vecs = self.base.embed([texts[i] for i in missing])
+            for i, v in zip(missing, vecs):
+                out[i] = v
+                self.known[texts[i]] = v
+        return out
+
+
+#: validity columns (issue 12) that point at another memory: reset when that memory is rolled back
+POINTERS = (("superseded_by", ("valid_until", "superseded_by")), ("contradicts", ("contradicts",)))
+
+
+class RollbackView(Store):
+    """The store as the re-derivation must see it: the rows the forget deletes hidden, and validity
+    pointers to them cleared, so every stage reads the user's memory as of W whatever it filters by
+    itself. Shares the base store's connection; stages only read (the LLM cache still writes)."""
+
+    def __init__(self, base: Store, hidden: dict[str, set[str]]) -> None:  # noqa: D107
+        self.__dict__.update(base.__dict__)
+        self.hidden = hidden
+        self.dead = set().union(*hidden.values()) if hidden else set()
+
+    def read(self, name: str, user_id: str | None = None, *, columns: list[str] | None = None,
+             where: Any = None, version: int | None = None) -> pa.Table:
+        hide = self.hidden.get(name, set())
+        cols = columns if columns is None or "id" in columns or not hide else columns + ["id"]
+        t = super().read(name, user_id, columns=cols, where=where, version=version)
+        if hide and t.num_rows:
+            t = t.filter(pc.invert(pc.is_in(t.column("id"), value_set=pa.array(sorted(hide)))))
+        if cols is not columns and columns is not None:
+            t = t.select(columns)
+        if name in ("fragments", "insights") and self.dead and t.num_rows:
+            t = clear_pointers(t, self.dead)
+        return t
+
+
+def clear_pointers(t: pa.Table, dead: set[str]) -> pa.Table:
+    """`t` with the validity pointers to `dead` memories (and their `valid_until`) set to null."""
+    for pointer, cleared in POINTERS:
+        if pointer not in t.column_names:
+            continue
+        hit = pc.fill_null(pc.is_in(t.column(pointer), value_set=pa.array(sorted(dead))), False)
+        if not pc.any(hit).as_py():
+            continue
+        for c in cleared:
+            if c in t.column_names:
+                i = t.column_names.index(c)
+                t = t.set_column(i, c, pc.if_else(hit, pa.nulls(t.num_rows, t.schema.field(c).type), t.column(c)))
+    return t

@@ -1,0 +1,68 @@
+"""The physical side of a forget: rewriting the data files that still hold deleted rows and removing
+every older table version, so forgotten text is gone from the bytes under the store directory.
+
+A LanceDB delete (or an upsert replacing a row) only marks the old row in a deletion file; its bytes
+stay in the data file until compaction rewrites that file, and every older version keeps its files
+until they are cleaned up. `optimize` compacts and cleans up, but a table made of a single data
+file with under 10 % of its rows deleted is left as it is (Lance's default
+`materialize_deletions_threshold`). So a touched table with one data file first gets one row
+re-written (a second, small file): compaction then merges both into a new file holding only live
+rows, and `cleanup_older_than=0` removes the old files. Limit: data files of over a million rows are
+not compacted by default either; a table that large would need Lance's own `compact_files`
+(`pylance`) with `materialize_deletions_threshold=0`.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterable
+
+from lancedb.expr import col, lit
+
+from memory.lease import is_local
+from memory.store import Store
+from memory.units import HIDDEN
+
+log = logging.getLogger(__name__)
+
+
+def dir_bytes(uri: str) -> int:
+    """Bytes of every file under a local store directory (0 for an object-store URI)."""
+    if not is_local(uri):
+        return 0
+    root = Path(uri.removeprefix("file://"))
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def purge(store: Store, touched: Iterable[str]) -> list[str]:
+    """Compact the `touched` tables down to their live rows and drop every old version of every table;
+    returns the tables that were compacted. Readers pinned to an older version fail afterwards (their
+    files are gone): that is the point."""
+    touched = set(touched)
+    done = []
+    for name in store.table_names():
+        if name in HIDDEN:   # the commit marker and lease rows: no data, and in use
+            continue
+        with store.write_lease():
+            tbl = store.table(name)
+            tbl.checkout_latest()
+            if name in touched and tbl.count_rows() and tbl.stats()["fragment_stats"]["num_fragments"] == 1:
+                nudge(store, name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # "cleanup_older_than=0 removes every version": wanted
+                tbl.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+        if name in touched:
+            done.append(name)
+    return done
+
+
+def nudge(store: Store, name: str) -> None:
+    """Re-write one row of a one-file table so that compaction has two files to merge (and so rewrites
+    the first, deleted rows left out)."""
+    tbl = store.table(name)
+    first = tbl.search().select(["id"]).limit(1).to_arrow()
+    if first.num_rows:
+        row = store.read(name, where=col("id") == lit(first.column("id")[0].as_py()))
+        store.upsert(name, row)

@@ -1,0 +1,241 @@
+"""Forget (issue 11) on a real consolidated store: canaries gone from every byte under the store,
+provenance coherent, the forget path equal to a fresh consolidation of what remains, idempotent,
+crash-safe, refused during a run, and the LLM cache purged through its reverse index."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lancedb.expr import col, lit
+
+from memory.errors import RunInProgressError
+from memory.forget import forget
+from memory.ingest import ingest
+from memory.lease import run_lease
+from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
+from memory.runs import consolidate, open_store
+from memory.settings import Settings
+from memory.store import Store
+from retrieval import Retriever
+from tests.helpers import SAMPLE, Killed, copy_store, killed_before
+
+CANARY = "ZQXCANARY42"       # in one message of alice-s1
+SESSION_CANARY = "ZQXSESSION77"  # in a message of alice-s2, the session forgotten whole
+BOB_CANARY = "ZQXBOBCANARY9"  # bob's: must survive every forget of alice
+
+
+@register_backend("rules-live-test")
+class _LiveRules(LLMBackend):
+    """`rules` answers through a live backend's path (response cache and reverse index included)."""
+
+    name = "rules-live-test"
+    live = True
+    default_model = "rules-live-test"
+
+    def __init__(self, model: str = "") -> None:
+        super().__init__(model)
+        self.rules = get_backend("rules")
+
+    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
+        return self.rules.complete(requests)
+
+
+def canary_archive(path: Path, drop_session: str | None = None) -> Path:
+    """The sample with the canaries planted (first-person, so the rules extract them); without
+    `drop_session`'s messages when given."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    for r in rows:
+        if r["message_id"] == "alice-s1-m03":
+            r["text"] += f" My locker code is {CANARY} and I love it."
+        if r["session_id"] == "alice-s2" and r["speaker"] == "Alice" and SESSION_CANARY not in json.dumps(rows):
+            r["text"] += f" I named my cat {SESSION_CANARY} and I love her."
+        if r["user_id"] == "bob" and r["speaker"] != "assistant" and BOB_CANARY not in json.dumps(rows):
+            r["text"] += f" I call my bike {BOB_CANARY} and I love it."
+    rows = [r for r in rows if r["session_id"] != drop_session]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def occurrences(root: Path, text: str) -> int:
+    """How often `text` occurs in the bytes of every file under `root`."""
+    return sum(p.read_bytes().count(text.encode()) for p in root.rglob("*") if p.is_file())
+
+
+def build(root: Path, archive: Path, **settings: Any) -> tuple[Store, Settings]:
+    s = Settings(store=str(root), **settings)
+    store = open_store(s)
+    ingest(store, archive, "jsonl")
+    consolidate(store, s)
+    return store, s
+
+
+@pytest.fixture(scope="module")
+def canary_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The canary sample consolidated once (tests take copies)."""
+    tmp = tmp_path_factory.mktemp("forget")
+    build(tmp / "store", canary_archive(tmp / "canary.jsonl"))
+    return tmp / "store"
+
+
+def fresh(canary_store: Path, tmp_path: Path) -> tuple[Store, Settings, Path]:
+    store = copy_store(canary_store, tmp_path / "store")
+    return store, Settings(store=store.uri), tmp_path / "store"
+
+
+def provenance_ok(store: Store, forgotten: set[str]) -> None:
+    """Every remaining row's sources exist in `messages`, none is forgotten."""
+    have = set(store.read("messages", columns=["message_id"]).column("message_id").to_pylist())
+    assert not have & forgotten
+    for name in ("fragments", "insights", "topics", "summaries", "observations"):
+        if store.has_table(name):
+            for r in store.read(name, columns=["id", "source_ids"]).to_pylist():
+                assert set(r["source_ids"] or []) <= have, (name, r["id"])
+    frags = set(store.read("fragments", columns=["id"]).column("id").to_pylist())
+    for r in store.read("clusters", columns=["member_ids"]).to_pylist():
+        assert set(r["member_ids"]) <= frags
+    for r in store.read("insights", columns=["parent_ids"]).to_pylist():
+        assert set(r["parent_ids"]) <= frags
+
+
+def test_forget_message_purges_every_byte(canary_store: Path, tmp_path: Path) -> None:
+    store, s, root = fresh(canary_store, tmp_path)
+    assert occurrences(root, CANARY) > 0 and occurrences(root, BOB_CANARY) > 0
+    report = forget(store, s, "alice", messages=["alice-s1-m03"])
+    assert report.messages == 1 and report.deleted["messages"] == 1 and report.purged
+    assert report.deleted["fragments"] >= 1 and report.rederived["fragments"] > 0
+    assert occurrences(root, CANARY) == 0
+    assert occurrences(root, BOB_CANARY) > 0
+    provenance_ok(store, {"alice-s1-m03"})
+    again = forget(store, s, "alice", messages=["alice-s1-m03"])     # idempotent
+    assert again.messages == 0 and not any(again.deleted.values()) and not again.rederived
+    assert forget(store, s, "alice", messages=["no-such-message"]).messages == 0
+    nightly = consolidate(store, s)                                   # nothing redone, nothing skipped
+    assert nightly.counts.get("sessions", 0) == 0
+    runs = store.read("runs", where=col("kind") == lit("forget")).to_pylist()
+    assert runs and all(r["status"] == "completed" for r in runs)
+    assert all(CANARY not in (r["counts_json"] or "") for r in runs)
+
+
+def test_forget_session_equals_fresh_consolidation(canary_store: Path, tmp_path: Path) -> None:
+    store, s, root = fresh(canary_store, tmp_path)
+    gone = set(store.read("messages", where=col("session_id") == lit("alice-s2"), columns=["message_id"])
+               .column("message_id").to_pylist())
+    report = forget(store, s, "alice", sessions=["alice-s2"])
+    assert report.messages == len(gone) > 0
+    assert occurrences(root, SESSION_CANARY) == 0 and occurrences(root, BOB_CANARY) > 0
+    provenance_ok(store, gone)
+    assert "alice-s2" not in store.read("sessions", columns=["session_id"]).column("session_id").to_pylist()
+    ref, _ = build(tmp_path / "ref", canary_archive(tmp_path / "rest.jsonl", drop_session="alice-s2"))
+
+    def frags(st: Store) -> set[tuple[str, str]]:
+        return {(r["id"], r["text"]) for r in st.read("fragments", columns=["id", "text"]).to_pylist()}
+
+    assert frags(store) == frags(ref)
+    # the store was consolidated in one batch, like the fresh one: every derived table agrees too
+    for name in ("insights", "clusters", "links", "topics", "summaries", "graph_nodes", "graph_edges", "progress",
+                 "messages", "sessions"):
+        ids = [set(st.read(name, columns=["id"]).column("id").to_pylist()) for st in (store, ref)]
+        assert ids[0] == ids[1], name
+    wm = {r["user_id"]: r["last_session_ts"] for r in store.read("watermarks").to_pylist()}
+    assert wm == {r["user_id"]: r["last_session_ts"] for r in ref.read("watermarks").to_pylist()}
+    assert consolidate(store, s).counts.get("sessions", 0) == 0
+
+
+def test_forget_user_keeps_other_users(canary_store: Path, tmp_path: Path, embedder: Any) -> None:
+    store, s, root = fresh(canary_store, tmp_path)
+    before = Retriever(store, s, embedder).retrieve("bob", "what do I call my bike?", k=10).ids
+    report = forget(store, s, "alice")
+    assert report.deleted["messages"] > 0
+    assert occurrences(root, CANARY) == 0 and occurrences(root, SESSION_CANARY) == 0
+    assert occurrences(root, BOB_CANARY) > 0
+    for name in ("messages", "sessions", "fragments", "insights", "topics", "summaries", "graph_nodes",
+                 "progress", "watermarks", "clusters"):
+        assert "alice" not in store.count_by_user(name), name
+    after = Retriever(store, s, embedder).retrieve("bob", "what do I call my bike?", k=10).ids
+    assert after == before
+    assert forget(store, s, "alice").messages == 0
+
+
+def test_crash_midway_is_completed_by_the_next_forget(canary_store: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    store, s, root = fresh(canary_store, tmp_path)
+    with killed_before(monkeypatch, "watermarks"):
+        forget(store, s, "alice", sessions=["alice-s2"])
+    assert store.read("runs", where=col("status") == lit("started")).num_rows == 1
+    forget(store, s, "alice", sessions=["alice-s2"])
+    assert store.read("runs", where=col("status") == lit("started")).num_rows == 0
+    assert occurrences(root, SESSION_CANARY) == 0
+    provenance_ok(store, set())
+    assert consolidate(store, s).counts.get("sessions", 0) == 0
+
+
+def test_forget_waits_for_a_running_consolidation(canary_store: Path, tmp_path: Path) -> None:
+    store, s, _ = fresh(canary_store, tmp_path)
+    held, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with run_lease(store.uri):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=run)
+    t.start()
+    held.wait(10)
+    try:
+        with pytest.raises(RunInProgressError):
+            forget(store, s.with_overrides(run_lease_wait_s=0.2), "alice", sessions=["alice-s2"])
+    finally:
+        release.set()
+        t.join()
+    assert store.read("messages", where=col("session_id") == lit("alice-s2")).num_rows > 0
+
+
+def test_cache_entries_of_forgotten_messages_are_deleted(tmp_path: Path) -> None:
+    store, s = build(tmp_path / "store", canary_archive(tmp_path / "c.jsonl"), llm="rules-live-test")
+    cache = store.read("llm_cache", columns=["id", "user_id", "message_ids"]).to_pylist()
+    assert cache and all(r["user_id"] in ("alice", "bob") for r in cache)
+    assert any("alice-s2-m01" in (r["message_ids"] or []) for r in cache)
+    report = forget(store, s, "alice", sessions=["alice-s2"])
+    assert report.cache_hits > 0                      # unchanged prompts were not paid again
+    assert report.deleted["llm_cache"] > 0
+    left = store.read("llm_cache", columns=["message_ids"]).to_pylist()
+    assert not any(m.startswith("alice-s2-") for r in left for m in r["message_ids"] or [])
+    assert occurrences(tmp_path / "store", SESSION_CANARY) == 0
+    assert occurrences(tmp_path / "store", BOB_CANARY) > 0
+
+
+def test_keep_versions_skips_the_purge(canary_store: Path, tmp_path: Path) -> None:
+    store, s, root = fresh(canary_store, tmp_path)
+    report = forget(store, s, "alice", messages=["alice-s1-m03"], keep_versions=True)
+    assert not report.purged and "keep-versions" in report.summary()
+    assert store.read("messages", where=col("message_id") == lit("alice-s1-m03")).num_rows == 0
+    assert occurrences(root, CANARY) > 0            # still in older versions, as documented
+
+
+def test_feedback_on_deleted_memories_and_rerankers_trained_on_it_go(canary_store: Path, tmp_path: Path,
+                                                                     embedder: Any) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    store, s, _ = fresh(canary_store, tmp_path)
+    r = Retriever(store, s, embedder)
+    frags = store.read("fragments", "alice", columns=["id", "session_id"]).to_pylist()
+    s1 = [f["id"] for f in frags if f["session_id"] == "alice-s1"][:2]
+    s2 = [f["id"] for f in frags if f["session_id"] == "alice-s2"][:1]
+    assert s1 and s2
+    hit = r.feedback("alice", "what is my cat called?", shown_ids=s1[:1] + s2, cited_ids=s2)["id"]
+    kept = r.feedback("alice", "what do I play?", shown_ids=s1, cited_ids=s1[:1])["id"]
+    now = datetime.now(timezone.utc)
+    versions = [{"id": f"rr-{scope}-{i}", "version": i, "scope": scope, "user_id": None, "created_at": now,
+                 "dim": store.dim, "weights": b"", "sha256": "", "feedback_until": until, "metrics_json": "{}",
+                 "run_id": "test"}
+                for i, (scope, until) in enumerate([("global", now - timedelta(days=1)), ("global", now + timedelta(seconds=1)),
+                                                    ("user:alice", now - timedelta(days=1))], start=1)]
+    store.upsert("rerankers", versions)
+    report = forget(store, s, "alice", sessions=["alice-s2"])
+    assert report.deleted["feedback"] == 1 and report.deleted["rerankers"] == 2
+    left = set(store.read("feedback", columns=["id"]).column("id").to_pylist())
+    assert hit not in left and kept in left
+    assert set(store.read("rerankers", columns=["id"]).column("id").to_pylist()) == {"rr-global-1"}
