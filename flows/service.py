@@ -8,22 +8,30 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from flows import api_append, api_forget
+from memory.settings import Settings
 from retrieval.retriever import Retriever
 from retrieval.service import create_app as create_read_app
 
 
-def create_app(retriever: Retriever) -> FastAPI:
-    """The FastAPI app serving one retriever, its store's write routes included."""
+def create_app(retriever: Retriever, settings: Settings | None = None) -> FastAPI:
+    """The FastAPI app serving one retriever, its store's write routes included (`settings`: the
+    store's full settings, for the routes that re-run consolidation stages: forget)."""
     app = create_read_app(retriever)
     # write routes: each module adds its own, e.g. `api_append.register(app, retriever)`
+    api_append.register(app, retriever)
+    api_forget.register(app, retriever, settings)
     return app
 
 
-def serve(retriever: Retriever, host: str, port: int) -> None:
-    """Run the whole service with uvicorn until interrupted, BLAS single-threaded (requests run in
-    parallel threads; one query's matrix products are too small to gain from a BLAS pool)."""
+def serve(retriever: Retriever, host: str, port: int, settings: Settings | None = None) -> None:
+    """Run the whole service with uvicorn until interrupted, BLAS and torch single-threaded (requests
+    run in parallel threads; one query's matrix products and its embedding are too small to gain from
+    a pool, and torch's pool stalls a query embedding for ~1 s on a busy machine)."""
+    import torch
     import uvicorn
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
-    uvicorn.run(create_app(retriever), host=host, port=port, log_level="info")
+    torch.set_num_threads(1)   # in every thread (threadpoolctl's OpenMP limit holds for the calling one only)
+    uvicorn.run(create_app(retriever, settings), host=host, port=port, log_level="info")

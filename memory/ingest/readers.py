@@ -19,7 +19,7 @@ from memory.ingest.beam import read_beam
 from memory.ingest.common import (FIELDS, Reader, bad_time, dump_raw, has_surrogate, parse_time,
                                   quarantine_row, record)
 
-__all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations"]
+__all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations", "from_mapping"]
 
 _LOCOMO_TIME = "%I:%M %p on %d %B, %Y"          # "1:56 pm on 8 May, 2023"
 _LONGMEMEVAL_TIME = "%Y/%m/%d (%a) %H:%M"        # "2023/05/20 (Sat) 02:21"
@@ -122,7 +122,7 @@ def _read_longmemeval(path: Path, data: Any) -> Reader:
                 yield "msg", record(user, sid, f"{sid}:{t}", turn["role"], turn["content"], ts, source, raw)
 
 
-def _from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict[str, Any]]:
+def from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict[str, Any]]:
     """Validate one generic (jsonl / parquet) row into a message record or a quarantine row."""
     user = row.get("user_id")
     values: dict[str, Any] = {}
@@ -171,7 +171,7 @@ def _read_jsonl(path: Path) -> Reader:
             if not isinstance(row, dict):
                 yield "bad", quarantine_row(None, source, "invalid json: not an object", raw)
                 continue
-            yield _from_mapping(row, source, raw)
+            yield from_mapping(row, source, raw)
 
 
 def _read_parquet(path: Path) -> Reader:
@@ -187,7 +187,7 @@ def _read_parquet(path: Path) -> Reader:
     n = 0
     for batch in pf.iter_batches(batch_size=65536):
         for row in batch.to_pylist():
-            yield _from_mapping(row, f"{path.name}:row {n}", dump_raw(row))
+            yield from_mapping(row, f"{path.name}:row {n}", dump_raw(row))
             n += 1
 
 

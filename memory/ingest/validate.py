@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import polars as pl
 
@@ -19,7 +19,7 @@ from memory.ingest.common import (FOLDER_FORMATS, FORMATS, MESSAGES_SCHEMA, OBSE
                                   SESSIONS_SCHEMA, ArchiveBatch, quarantine_row, row_problem, valid_user)
 from memory.ingest.readers import locomo_observations, read_json, read_rows
 
-__all__ = ["read_archive", "sessions_frame"]
+__all__ = ["read_archive", "validate_rows", "messages_frame", "sessions_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,26 @@ def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool 
     if not (path.is_file() or path.is_dir()):
         raise IngestError(f"{path} is not a regular file", archive=str(path))
     data = read_json(path) if fmt in ("locomo", "longmemeval") else None
+    records, quarantine, read = validate_rows(read_rows(path, fmt, data, user_id))
+    messages = messages_frame(records, path.name)
+    observations = pl.DataFrame(schema=OBSERVATIONS_SCHEMA)
+    if fmt == "locomo" and observations_as_fragments:
+        observations, bad = _observations_frame(locomo_observations(path, data), messages, path.name)
+        quarantine.extend(bad)
+    sessions = sessions_frame(messages, observations, path.name)
+    log.info("read %s (%s): %d messages read, %d kept, %d sessions, %d observations, %d quarantined",
+             path.name, fmt, read, messages.height, sessions.height, observations.height, len(quarantine))
+    return ArchiveBatch(archive=path.name, format=fmt, messages=messages, sessions=sessions,
+                        observations=observations, quarantine=quarantine, messages_read=read)
+
+
+def validate_rows(rows: Iterable[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(kept message records, quarantine rows, rows read) of a reader's output: the checks every
+    ingest and every append share (see the module doc)."""
     records, quarantine = [], []
     seen: dict[tuple[str, str], str] = {}
     read = 0
-    for kind, row in read_rows(path, fmt, data, user_id):
+    for kind, row in rows:
         read += 1
         if kind == "bad":
             quarantine.append(row)
@@ -62,19 +78,11 @@ def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool 
         else:
             seen[key] = row["text"]
             records.append(row)
-    messages = _messages_frame(records, path.name)
-    observations = pl.DataFrame(schema=OBSERVATIONS_SCHEMA)
-    if fmt == "locomo" and observations_as_fragments:
-        observations, bad = _observations_frame(locomo_observations(path, data), messages, path.name)
-        quarantine.extend(bad)
-    sessions = sessions_frame(messages, observations, path.name)
-    log.info("read %s (%s): %d messages read, %d kept, %d sessions, %d observations, %d quarantined",
-             path.name, fmt, read, messages.height, sessions.height, observations.height, len(quarantine))
-    return ArchiveBatch(archive=path.name, format=fmt, messages=messages, sessions=sessions,
-                        observations=observations, quarantine=quarantine, messages_read=read)
+    return records, quarantine, read
 
 
-def _messages_frame(records: list[dict[str, Any]], archive: str) -> pl.DataFrame:
+def messages_frame(records: list[dict[str, Any]], archive: str) -> pl.DataFrame:
+    """The `messages` frame of kept records: ids, `seq` per session in time order, the archive name."""
     if not records:
         return pl.DataFrame(schema=MESSAGES_SCHEMA)
     df = pl.DataFrame(records, schema={k: v for k, v in MESSAGES_SCHEMA.items()

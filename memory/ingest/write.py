@@ -25,7 +25,7 @@ from memory.ingest.common import (OBSERVATIONS_SCHEMA, REUSED_ID, SESSIONS_SCHEM
 from memory.ingest.validate import read_archive, sessions_frame
 from memory.store import Store
 
-__all__ = ["IngestReport", "ingest"]
+__all__ = ["IngestReport", "ingest", "StoredBatch", "store_batch", "count_reasons"]
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +64,11 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
     run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments, user_id=user_id)
     users = sorted(set(batch.messages["user_id"].to_list()))
-    quarantine = list(batch.quarantine)
 
-    existing = _existing_messages(store, batch)
-    stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
-    joined = batch.messages.join(stored, on=["user_id", "message_id"], how="left")
-    conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
-    quarantine += [quarantine_row(r["user_id"], r["source"], REUSED_ID, r["raw"]) for r in conflicts.iter_rows(named=True)]
-    new = _continue_seq(joined.filter(pl.col("_stored").is_null()).drop("_old", "_stored"), existing)
-
-    sessions = _changed_sessions(store, batch, new, existing)
-    observations = _new_observations(store, batch.observations)
-    q_rows = _new_quarantine(store, quarantine, run_id)
-
-    written = {
-        "messages": store.upsert("messages", new.drop("source", "raw").to_arrow()) if new.height else 0,
-        "sessions": store.upsert("sessions", sessions.to_arrow()) if sessions.height else 0,
-        "observations": store.upsert("observations", observations.to_arrow()) if observations.height else 0,
-        "quarantine": store.upsert("quarantine", q_rows) if q_rows else 0,
-    }
+    done = store_batch(store, batch, run_id)
+    new, quarantine, written = done.new, done.quarantine, done.written
     log.info("%s: wrote %s", batch.archive, ", ".join(f"{n} {k}" for k, n in written.items()))
-    reasons: dict[str, int] = {}
-    for q in quarantine:
-        reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
+    reasons = count_reasons(quarantine)
     report = IngestReport(
         archive=batch.archive, format=fmt, users=users, sessions=batch.sessions.height,
         messages_read=batch.messages_read, messages_added=new.height, observations=batch.observations.height,
@@ -106,6 +88,50 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
                     ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())))
     log.info(report.summary())
     return report
+
+
+@dataclass
+class StoredBatch:
+    """What `store_batch` did: the messages it added (with `seq`), every row it set aside (the batch's
+    own and the reused ids it found in the store) and the rows written per table."""
+
+    new: pl.DataFrame
+    quarantine: list[dict[str, Any]]
+    written: dict[str, int]
+
+
+def store_batch(store: Store, batch: ArchiveBatch, run_id: str) -> StoredBatch:
+    """Check a validated batch against what the store holds (reused ids, `seq` of known sessions)
+    and upsert its new messages, changed sessions, observations and quarantine rows, all under one
+    hold of the store's writer lease (so two writers never add the same message twice)."""
+    with store.write_lease():
+        quarantine = list(batch.quarantine)
+        existing = _existing_messages(store, batch)
+        stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
+        joined = batch.messages.join(stored, on=["user_id", "message_id"], how="left")
+        conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
+        quarantine += [quarantine_row(r["user_id"], r["source"], REUSED_ID, r["raw"])
+                       for r in conflicts.iter_rows(named=True)]
+        new = _continue_seq(joined.filter(pl.col("_stored").is_null()).drop("_old", "_stored"), existing)
+        sessions = _changed_sessions(store, batch, new, existing)
+        observations = _new_observations(store, batch.observations)
+        q_rows = _new_quarantine(store, quarantine, run_id)
+        written = {
+            # checked above, under the lease: none of these ids is stored
+            "messages": store.insert("messages", new.drop("source", "raw").to_arrow()) if new.height else 0,
+            "sessions": store.upsert("sessions", sessions.to_arrow()) if sessions.height else 0,
+            "observations": store.upsert("observations", observations.to_arrow()) if observations.height else 0,
+            "quarantine": store.upsert("quarantine", q_rows) if q_rows else 0,
+        }
+    return StoredBatch(new=new, quarantine=quarantine, written=written)
+
+
+def count_reasons(quarantine: list[dict[str, Any]]) -> dict[str, int]:
+    """Quarantined rows per reason."""
+    reasons: dict[str, int] = {}
+    for q in quarantine:
+        reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
+    return reasons
 
 
 def _existing_messages(store: Store, batch: ArchiveBatch) -> pl.DataFrame:

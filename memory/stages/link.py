@@ -3,9 +3,13 @@ linking against the user's persistent cluster pool (cosine of centroids > θ).
 
 Sessions are linked in time order, each against the pool as it stands after the earlier ones. A
 reopened session (messages appended after its consolidation) clusters its new fragments on their
-own and links them against the pool without its own older clusters (links are across sessions); a
-late session (dated before the watermark) links against the pool as of the watermark, and a pool
-cluster it consumes gets its (earlier) time as `consumed_ts`, so it leaves the pool of later runs.
+own and links them against the pool without its own older clusters (links are across sessions). A
+late session (dated before the watermark), like a reopened one, links in time order: its clusters
+against the pool clusters of earlier sessions (the pool side is the earlier), then the pool
+clusters of later sessions against its clusters (its cluster is the earlier side, consumed at the
+later session's time, the insight dated there); the pool stays in time order. Pool clusters that
+later sessions consumed before the late session arrived stay with their consumers (a full
+`--rebuild-graph` does not redo links either).
 
 Clustering is average-linkage agglomerative on cosine distance (SciPy), cut at the k in
 2..max_clusters with the best silhouette (scikit-learn). The paper fixes only the silhouette
@@ -45,9 +49,16 @@ def link(state: ShardState, ctx: StageContext) -> ShardState:
                     by_id[fid]["cluster_id"] = c.id
             pool = state.pools.get(session.user_id, [])
             own = [p for p in pool if p.session_id == session.session_id]  # a reopened session's clusters
-            links, rest = link_session([p for p in pool if p.session_id != session.session_id] if own else pool,
-                                       clusters, ctx.settings.theta)
-            state.pools[session.user_id] = own + rest
+            others = [p for p in pool if p.session_id != session.session_id]
+            before = [p for p in others if p.session_ts <= session.ts]
+            after = [p for p in others if p.session_ts > session.ts]       # only for a late or reopened one
+            links, rest = link_session(before, clusters, ctx.settings.theta)
+            if after:   # pool clusters of later sessions link to this one's as they would have on time
+                mine = {c.id for c in clusters}
+                late_links, rest_after = link_session([c for c in rest if c.id in mine], after, ctx.settings.theta)
+                links += late_links
+                rest = [p for p in rest if p.id not in mine] + rest_after
+            state.pools[session.user_id] = sorted(own + rest, key=lambda c: c.session_ts)
             state.clusters.extend(clusters)
             state.links.extend(links)
     return state

@@ -15,7 +15,10 @@ table (level `phase` or `profile`), embedded, with `source_ids` = the messages t
 cite, so the retriever can search them (kind `summary`).
 
 Incremental (§3.3.3): only the new fragments of a run are segmented and summarized (a run's batch
-never merges with an older phase); the profile is then re-synthesized from every local summary,
+never merges with an older phase), unless some are dated before the end of the last stored phase (a
+late session, or messages appended to an older session): then the user is re-segmented in time
+order (phases whose members did not change get the same ids and prompts, so an LLM backend answers
+them from its cache); the profile is then re-synthesized from every local summary,
 old and new. Phases of sessions newer than the watermark are ignored when reading, so a re-run
 after a crash converges. A user whose stored fragments are not all covered by phases (an older
 store) and every user on `Settings.rebuild_graph` is re-segmented from scratch. A quarantined phase
@@ -84,6 +87,10 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
             old_rows = old.to_dicts()
         elif covered != len(stored_ids(store, user, until, ("fragment",))):
             log.info("user %s has fragments outside its phases: re-segmenting", user)
+            rebuild = True
+        elif batch and old.height and min(n.session_ts for n in batch) < max(old["end_ts"].to_list()):
+            log.info("user %s has fragments dated inside its phases (a late or reopened session): "
+                     "re-segmenting in time order", user)
             rebuild = True
         else:
             old_rows = old.to_dicts()

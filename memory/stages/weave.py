@@ -17,8 +17,10 @@ It is scikit-learn's KMeans with a fixed `random_state` and `n_init` over nodes 
 re-run gives the same labels, and cluster ids are hashes of the user, the batch and the label.
 
 Incremental (§3.3.3): a consolidation run weaves only the user's new memories as one batch, clustered
-on its own; its first node is linked to the last node already woven (also when the batch holds the
-new fragments of a late or reopened session, dated before nodes already woven). Nodes of sessions
+on its own; its first node is linked to the last node already woven. A batch holding memories dated
+before the last woven node (a late session, or messages appended to an older session) re-weaves the
+user's whole graph in time order instead, as a rebuild would (no LLM work: K-means and the chain), so
+`seq` and the temporal edges always follow time. Nodes of sessions
 newer than the user's watermark are ignored when reading the stored graph, so a run redone after a crash
 rebuilds the same rows. A user whose stored memories are not all woven (a store consolidated before
 this stage existed, or a rebuild interrupted after its delete) is rebuilt; `Settings.rebuild_graph`
@@ -76,6 +78,10 @@ def weave(state: ShardState, ctx: StageContext) -> ShardState:
                     last = dict(tail)
                     last["vector"] = vector_of(store, user, tail["node_id"])
                     if last["vector"] is None:
+                        rebuild, last = True, None
+                    elif batch and min(n.session_ts for n in batch) < tail["session_ts"]:
+                        log.info("user %s has memories dated inside its graph (a late or reopened session): "
+                                 "re-weaving it in time order", user)
                         rebuild, last = True, None
             if rebuild:
                 replace_user(state, "graph_nodes", user)

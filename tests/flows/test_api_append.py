@@ -1,0 +1,80 @@
+"""POST /v1/users/{user_id}/messages on a real uvicorn server on loopback (flows.service's whole app):
+counts and quarantine reasons, idempotent re-sends, 413 / 422 / 401, its own body limit, and the
+appended turns retrievable over HTTP after the next consolidation."""
+from __future__ import annotations
+
+from typing import Any, Callable, ContextManager, Iterator
+
+import httpx
+import pytest
+
+from flows.service import create_app
+from memory.embed import Embedder
+from memory.ingest import REUSED_ID
+from memory.runs import consolidate
+from memory.settings import RetrievalSettings, Settings
+from memory.store import Store
+from retrieval import Retriever
+
+KEY = "append-key"
+
+
+def turns(n: int, session: str = "alice-live", start: int = 0, text: str = "Alice note {i}: I planted tomatoes.") \
+        -> list[dict[str, Any]]:
+    return [{"session_id": session, "message_id": f"{session}-{i}", "role": "Alice", "text": text.format(i=i),
+             "timestamp": f"2024-06-01T10:{i % 60:02d}:00Z"} for i in range(start, start + n)]
+
+
+@pytest.fixture
+def served(sample_store: Store, embedder: Embedder,
+           serve_app: Callable[..., ContextManager[str]]) -> Iterator[tuple[str, Store]]:
+    settings = Settings(store=sample_store.uri, retrieval=RetrievalSettings(
+        api_key=KEY, append_max_messages=50, append_max_bytes=64 * 1024))
+    r = Retriever(sample_store, settings, embedder=embedder)
+    with serve_app(create_app(r), access_log=False) as url:
+        yield url, sample_store
+
+
+def test_append_route(served: tuple[str, Store]) -> None:
+    url, store = served
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+        body = {"messages": turns(3) + [{"session_id": "x", "message_id": "y", "speaker": "z", "text": "t",
+                                         "timestamp": "yesterday"}]}
+        res = c.post("/v1/users/alice/messages", json=body)
+        assert res.status_code == 200, res.text
+        data = res.json()
+        assert (data["received"], data["added"], data["duplicates"]) == (4, 3, 0)
+        assert data["quarantined"] == [{"index": 3, "message_id": "y",
+                                        "reason": "unparsable timestamp: 'yesterday'"}]
+        again = c.post("/v1/users/alice/messages", json=body).json()
+        assert (again["added"], again["duplicates"]) == (0, 3)
+        clash = c.post("/v1/users/alice/messages", json={"messages": turns(1, text="other text {i}")}).json()
+        assert clash["added"] == 0 and clash["quarantined"][0]["reason"] == REUSED_ID
+        # its own body limit: ~40 KB is over the query routes' limit but fine here
+        big = turns(20, session="alice-big", text="{i} " + "I walked along the river today. " * 60)
+        assert c.post("/v1/users/alice/messages", json={"messages": big}).status_code == 200
+        assert c.post("/v1/users/alice/retrieve", json={"query": "x" * 40_000}).status_code == 413
+        assert c.post("/v1/users/alice/messages",
+                      json={"messages": turns(40, text="{i} " + "z" * 2000)}).status_code == 413   # bytes
+        too_many = c.post("/v1/users/alice/messages", json={"messages": turns(51, session="many")})
+        assert too_many.status_code == 413 and "at most 50" in too_many.json()["detail"]
+        malformed: list[Any] = [{"messages": []}, {"messages": "hi"}, {"turns": turns(1)}, [1, 2]]
+        for bad in malformed:
+            assert c.post("/v1/users/alice/messages", json=bad).status_code == 422, bad
+        assert c.post("/v1/users/alice/messages", content=b"{not json",
+                      headers={"content-type": "application/json"}).status_code == 422
+        assert c.post("/v1/users/a%20b/messages", json={"messages": turns(1)}).status_code == 422
+    assert httpx.post(f"{url}/v1/users/alice/messages", json={"messages": turns(1)}).status_code == 401
+    assert store.read("messages", "alice").num_rows == 34 + 3 + 20
+
+
+def test_appended_turns_are_retrieved_after_consolidation(served: tuple[str, Store]) -> None:
+    url, store = served
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+        live = [{"session_id": "bob-live", "message_id": "bob-live-1", "speaker": "Bob",
+                 "text": "My sister Priya is moving to Lisbon next month for a design job.",
+                 "timestamp": "2024-06-02T09:00:00Z"}]
+        assert c.post("/v1/users/bob/messages", json={"messages": live}).json()["added"] == 1
+        consolidate(store, Settings(store=store.uri))
+        res = c.post("/v1/users/bob/retrieve", json={"query": "Where is Bob's sister moving?", "k": 5}).json()
+        assert any("bob-live-1" in it["source_ids"] for it in res["items"])

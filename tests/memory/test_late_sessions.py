@@ -1,0 +1,100 @@
+"""Late sessions: a session that arrives after the user's watermark but is dated before it is
+consolidated by the next ordinary run (no --rebuild-graph), and the graph, the phases and the cluster
+pool place it in time order, as a consolidation of everything at once would."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.runs import consolidate, open_store
+from memory.settings import Settings
+from memory.store import Store
+from tests.helpers import SAMPLE, ingest_and_consolidate
+
+LATE = "alice-s2"     # 2024-03-16, between alice-s1 (03-02) and alice-s3 (03-30)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory, consolidated_sample: Any) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("late")
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    on_time, late = tmp / "on_time.jsonl", tmp / "late.jsonl"
+    on_time.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] != LATE))
+    late.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] == LATE))
+    store = ingest_and_consolidate(tmp / "late-store", on_time)
+    before = {t: store.read(t, "alice").num_rows for t in ("fragments", "graph_nodes", "summaries")}
+    from tests.helpers import add_part
+    report = add_part(store, late)
+    shutil.copytree(tmp / "late-store", tmp / "rebuilt")
+    reb = Settings(store=str(tmp / "rebuilt"), rebuild_graph=True)
+    rebuilt = open_store(reb)
+    consolidate(rebuilt, reb)
+    fresh = open_store(Settings(store=str(consolidated_sample[0])))
+    return {"store": store, "report": report, "before": before, "rebuilt": rebuilt, "fresh": fresh}
+
+
+def _order(store: Store, user: str) -> list[tuple[int, Any, str]]:
+    return sorted((r["seq"], r["session_ts"], r["node_id"])
+                  for r in store.read("graph_nodes", user, columns=["seq", "session_ts", "node_id"]).to_pylist())
+
+
+def test_late_session_is_consolidated_by_the_next_run(stores: dict[str, Any]) -> None:
+    store = stores["store"]
+    assert stores["report"].counts["sessions"] == 1
+    frags = store.read("fragments", "alice", columns=["id", "session_id"]).to_pylist()
+    assert any(f["session_id"] == LATE for f in frags)
+    fresh = {f["id"] for f in stores["fresh"].read("fragments", "alice", columns=["id"]).to_pylist()}
+    assert {f["id"] for f in frags} == fresh                 # the same fragments as on time
+    assert store.read("fragments", "alice").num_rows > stores["before"]["fragments"]
+
+
+def test_graph_in_time_order(stores: dict[str, Any]) -> None:
+    store = stores["store"]
+    nodes = _order(store, "alice")
+    memories = {r["id"] for t in ("fragments", "insights") for r in store.read(t, "alice", columns=["id"]).to_pylist()}
+    assert {n for _, _, n in nodes} == memories and [s for s, _, _ in nodes] == list(range(len(nodes)))
+    times = [ts for _, ts, _ in nodes]
+    assert times == sorted(times)                             # seq follows time, the late session inside
+    by_seq = {s: n for s, _, n in nodes}
+    edges = {(e["src_id"], e["dst_id"]) for e in store.read("graph_edges", "alice").to_pylist()}
+    assert edges == {(by_seq[i], by_seq[i + 1]) for i in range(len(nodes) - 1)}
+    assert nodes == _order(stores["rebuilt"], "alice")       # what --rebuild-graph makes of the same memories
+
+
+def test_phases_in_time_order(stores: dict[str, Any]) -> None:
+    store = stores["store"]
+    phases = sorted((r for r in store.read("summaries", "alice").to_pylist() if r["level"] == "phase"),
+                    key=lambda r: r["start_ts"])
+    frags = {r["id"]: r["session_ts"] for r in store.read("fragments", "alice", columns=["id", "session_ts"]).to_pylist()}
+    members = [m for p in phases for m in p["member_ids"]]
+    assert sorted(members) == sorted(frags)                  # every fragment in exactly one phase
+    assert [frags[m] for m in members] == sorted(frags[m] for m in members)
+    for a, b in zip(phases, phases[1:]):
+        assert a["end_ts"] <= b["start_ts"]
+    late_ts = min(ts for fid, ts in frags.items() if fid in members and ts > min(frags.values()))
+    assert any(p["start_ts"] <= late_ts <= p["end_ts"] for p in phases)
+    profiles = [r for r in store.read("summaries", "alice").to_pylist() if r["level"] == "profile"]
+    assert len(profiles) == 1 and set(profiles[0]["member_ids"]) == {p["id"] for p in phases}
+
+
+def test_links_and_pool_in_time_order(stores: dict[str, Any]) -> None:
+    store = stores["store"]
+    clusters = {c["id"]: c for c in store.read("clusters", "alice").to_pylist()}
+    assert any(c["session_id"] == LATE for c in clusters.values())
+    for lk in store.read("links", "alice").to_pylist():
+        pool, new = clusters[lk["pool_cluster_id"]], clusters[lk["new_cluster_id"]]
+        assert pool["session_ts"] <= new["session_ts"]       # the pool side is always the earlier one
+        assert pool["consumed_ts"] is None or pool["consumed_ts"] >= pool["session_ts"]
+    for c in clusters.values():
+        assert c["consumed_ts"] is None or c["consumed_ts"] >= c["session_ts"]
+    insights = store.read("insights", "alice", columns=["session_ts", "link_id"]).to_pylist()
+    links = {lk["id"]: lk for lk in store.read("links", "alice").to_pylist()}
+    for i in insights:
+        lk = links.get(i["link_id"])
+        if lk:
+            assert i["session_ts"] == max(clusters[lk["pool_cluster_id"]]["session_ts"],
+                                          clusters[lk["new_cluster_id"]]["session_ts"])
