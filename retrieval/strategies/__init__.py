@@ -14,7 +14,9 @@
 | rfmem-walk | rfmem whose recollection route is the walk (the paper's graph-based alternative) |
 | rfmem-hybrid-walk | rfmem-hybrid whose recollection route is the walk |
 
-Each strategy gets a `Query` (the user index, the query vector and text, k, settings) and returns
+Every strategy searches the settings' kinds without the memories citing only an assistant's turns
+(`RetrievalSettings.assistant_speakers`, `common.assistant_memories`): those turns are searched
+as raw turns. Each strategy gets a `Query` (the user index, the query vector and text, k, settings) and returns
 ranked row indices, their scores, the route taken and extra signals. Modules: `common` (the query
 and the helpers every strategy shares), `oneshot` (dense, familiarity, hybrid), `gated` (RF-Mem
 Algorithm 1 and its variants), `walk` (the MemWeaver walk strategies).
@@ -24,8 +26,8 @@ from __future__ import annotations
 from typing import Callable
 
 from retrieval import rfmem
-from retrieval.strategies.common import (DEDUPE_POOL, Query, Result, familiarity_signal, novel, novel_order,
-                                         pool_turns, profile_row, subset, thresholds, top,
+from retrieval.strategies.common import (DEDUPE_POOL, Query, Result, assistant_memories, familiarity_signal, novel,
+                                         novel_order, pool_turns, profile_row, subset, thresholds, top,
                                          turn_groups)
 from retrieval.strategies.gated import gated
 from retrieval.strategies.oneshot import dense, familiarity, hybrid
@@ -51,6 +53,7 @@ __all__ = [
     "STRATEGIES",
     "Query",
     "Result",
+    "assistant_memories",
     "familiarity_signal",
     "novel",
     "novel_order",

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memory.read import PROFILE_KEY
 from memory.settings import RetrievalSettings
@@ -36,10 +37,17 @@ class Query:
     deduped: bool = False
 
     def rows(self, kinds: tuple[str, ...] | None = None) -> np.ndarray:
-        """Row numbers of the searched kinds (all rows when every kind is searched)."""
+        """Row numbers of the searched kinds (all rows when every kind is searched), without the
+        memories derived from assistant turns only (`assistant_memories`)."""
         wanted = tuple(sorted(kinds or self.kinds))
-        return self.index.memo("rows:" + ",".join(wanted),
-                               lambda: np.flatnonzero(np.isin(self.index.kinds, wanted)))
+        voices = tuple(sorted(self.settings.assistant_speakers))
+
+        def build() -> np.ndarray:
+            keep = np.isin(self.index.kinds, wanted)
+            if voices:
+                keep &= ~assistant_memories(self.index, voices)
+            return np.flatnonzero(keep)
+        return self.index.memo("rows:" + ",".join(wanted) + "|" + ",".join(voices), build)
 
     def prior(self, rows: np.ndarray, z_scores: np.ndarray) -> np.ndarray:
         """Kind weights plus the weighted, max-normalized BM25 score of each row."""
@@ -67,11 +75,35 @@ def _kind_weights(kinds: np.ndarray, weights: dict[str, float]) -> np.ndarray:
     return out
 
 
+def assistant_memories(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:
+    """Per index row: is it a memory (not a raw turn) whose every source turn was said by one of
+    `voices` (speaker names, case-insensitive)? Memory is about the user (PREMem extracts personal
+    information): an assistant's long replies become dozens of fragments and topics paraphrasing
+    its own advice, which crowd the top-K and each cite the same turn; the turns themselves stay
+    searchable. Sources that are not stored turns never count as the assistant's."""
+    def build() -> np.ndarray:
+        t = index.messages
+        if t.num_rows == 0 or "speaker" not in t.column_names or index.size == 0:
+            return np.zeros(index.size, dtype=bool)
+        said = pc.is_in(pc.utf8_lower(t.column("speaker")), value_set=pa.array([v.lower() for v in voices]))
+        theirs = pc.filter(t.column("message_id"), pc.fill_null(said, False))
+        lists = index.meta.column("source_ids").combine_chunks()
+        lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(lists)        # the sources of every row, in row order
+        hit = pc.fill_null(pc.is_in(flat, value_set=theirs.combine_chunks()), False)
+        hit_n = hit.to_numpy(zero_copy_only=False).astype(np.int64)
+        owner = np.repeat(np.arange(index.size), lengths)
+        theirs_n = np.bincount(owner, weights=hit_n, minlength=index.size)
+        return (lengths > 0) & (theirs_n == lengths) & (index.kinds != "message")
+    return index.memo("assistant-memories:" + ",".join(voices), build)
+
+
 def subset(q: Query, kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(index rows of the searched kinds, their vectors), the vectors cached with the index."""
     rows = q.rows(kinds)
     z = q.index.z if rows.size == q.index.size else q.index.memo(
-        "z:" + ",".join(sorted(kinds or q.kinds)), lambda: np.ascontiguousarray(q.index.z[rows]))
+        "z:" + ",".join(sorted(kinds or q.kinds)) + "|" + ",".join(sorted(q.settings.assistant_speakers)),
+        lambda: np.ascontiguousarray(q.index.z[rows]))
     return rows, z
 
 
@@ -140,7 +172,8 @@ def pool_turns(q: Query, rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarr
     if gamma <= 0 or rows.size == 0:
         return rows, scores
     if rows is q.rows():                                       # the searched rows: the layout is cached
-        layout = q.index.memo("turn-layout:" + ",".join(sorted(q.kinds)), lambda: _turn_layout(q.index, rows))
+        layout = q.index.memo("turn-layout:" + ",".join(sorted(q.kinds)) + "|"
+                              + ",".join(sorted(q.settings.assistant_speakers)), lambda: _turn_layout(q.index, rows))
     else:
         layout = _turn_layout(q.index, rows)
     perm, starts, seg, is_turn = layout
@@ -188,7 +221,8 @@ def thresholds(q: Query, calibrated: bool) -> tuple[float, float, float]:
     if not calibrated:
         return s.theta_high, s.theta_low, s.tau
     rows, z = subset(q)
-    cal = q.index.memo(f"calib:{','.join(sorted(q.kinds))}:{s.probe_k}:{s.lam}:{s.entropy_normalized}",
+    key = f"calib:{','.join(sorted(q.kinds))}|{','.join(sorted(s.assistant_speakers))}"
+    cal = q.index.memo(f"{key}:{s.probe_k}:{s.lam}:{s.entropy_normalized}",
                        lambda: calibrate(z, s))
     q.signals["calibration"] = cal
     return cal["theta_high"], cal["theta_low"], cal["tau"]
