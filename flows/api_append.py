@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from memory.errors import AppendTooLargeError, StoreBusyError
+from memory.errors import AppendTooLargeError
 from memory.ingest import append
 from memory.ingest.append import Compactor
 from retrieval.guard import allow_body
@@ -43,10 +43,6 @@ def register(app: FastAPI, retriever: Retriever) -> None:
     @app.exception_handler(AppendTooLargeError)
     async def too_large(_: Request, exc: AppendTooLargeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=413)
-
-    @app.exception_handler(StoreBusyError)
-    async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"retry-after": "1"})
 
     @app.post("/v1/users/{user_id}/messages")
     def append_messages(user_id: str, body: AppendRequest) -> dict[str, Any]:

@@ -10,11 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Optional
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from memory.errors import RunInProgressError
 from memory.forget import forget
 from memory.settings import Settings
 from retrieval.retriever import Retriever
@@ -35,10 +33,6 @@ def register(app: FastAPI, retriever: Retriever, settings: Settings | None = Non
 
     def full() -> Settings:
         return settings or Settings(store=retriever.store.uri, retrieval=retriever.settings)
-
-    @app.exception_handler(RunInProgressError)
-    async def running(_: Request, exc: RunInProgressError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=409, headers={"retry-after": "60"})
 
     @app.delete("/v1/users/{user_id}")
     def forget_user(user_id: str) -> dict[str, Any]:
