@@ -4,6 +4,10 @@ its date, kind and key, within a token budget.
 Tokens are approximated without a tokenizer as ceil(words × 1.3) (English BPE averages about 1.3
 tokens per word); the budget is filled in rank order (the best items survive a tight budget),
 then the chosen items are printed oldest first so the model reads the history as it happened.
+
+Validity (retrieval.validity): a current memory that replaced older ones reads "X, since DATE
+(before: Y)", a superseded one "(no longer current since DATE)", and a contradiction is flagged
+"CONTRADICTS [DATE] Y: ask the user which holds", so the answering model can ask.
 """
 from __future__ import annotations
 
@@ -38,12 +42,36 @@ def sort_key(item: _Item) -> tuple[str, str]:
 
 
 def format_item(item: _Item) -> str:
-    """One line: `[date] (kind) key: text` (the key only when the text does not start with it)."""
+    """One line: `[date] (kind) key: text` (the key only when the text does not start with it),
+    then its validity: history, end of validity, contradiction (see the module doc)."""
     date = item.date or ((item.ts or "")[:10]) or "undated"
     text = " ".join((item.text or "").split())
     if item.key and not text.lower().startswith(item.key.lower()):
         text = f"{item.key}: {text}"
-    return f"[{date}] ({item.kind}) {text}"
+    return f"[{date}] ({item.kind}) {text}{validity_note(item)}"
+
+
+def _clip(text: str, words: int = 30) -> str:
+    parts = " ".join((text or "").split()).split(" ")
+    return " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
+
+
+def validity_note(item: Any) -> str:
+    """The validity suffix of a line ("" for a memory with no validity event)."""
+    notes = []
+    history = getattr(item, "history", None)
+    since = (getattr(item, "valid_from", None) or "")[:10]
+    if history:
+        before = "; ".join(f"{_clip(h['text'])} [{h['date'] or 'undated'}]" for h in history[:3])
+        notes.append(f", current since {since or 'undated'} (before: {before})")
+    if getattr(item, "superseded_by", None):
+        until = (getattr(item, "valid_until", None) or "")[:10]
+        notes.append(f" (no longer current since {until or 'a later memory'})")
+    other = getattr(item, "contradiction", None)
+    if other:
+        notes.append(f" CONTRADICTS [{other['date'] or 'undated'}] {_clip(other['text'])}: ask the user "
+                     "which holds")
+    return "".join(notes)
 
 
 def is_profile(item: Any) -> bool:

@@ -25,6 +25,7 @@ from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
 from retrieval.rerank.model import GLOBAL, Reranker, RerankerCache, scope_key
 from retrieval.strategies import STRATEGIES, Query, novel_order, profile_row
+from retrieval.validity import annotate, order_current
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,14 @@ class RetrievedItem:
     source_ids: list[str]
     key: str | None = None
     ts: str | None = None
+    #: validity (fragments; retrieval.validity): when it became true, when and by what it was replaced
+    valid_from: str | None = None
+    valid_until: str | None = None
+    superseded_by: str | None = None
+    #: the versions it replaced, newest first: [{"id", "text", "date"}]
+    history: list[dict[str, str]] | None = None
+    #: a memory it contradicts without replacing it: {"id", "text", "date"}
+    contradiction: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,9 +222,17 @@ class Retriever:
         if do_rerank:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
                                         dedupe=q.deduped)
+        if s.validity:
+            rows, scores, moved = order_current(index, rows, scores, vec, k)
+            q.signals.update(moved)
         result.route = route
         result.deduped = q.deduped
         result.items = [_item(r, sc) for r, sc in zip(index.rows(rows), scores.tolist())]
+        if s.validity:
+            looked: dict[str, tuple[str, str]] = {}
+            for it in result.items:
+                for name, value in annotate(index, it.id, looked).items():
+                    setattr(it, name, value)
         p = index.memo("profile-row", lambda: profile_row(index))
         if p is not None:
             result.profile = _item(index.rows(np.asarray([p], dtype=np.int64))[0], 0.0)

@@ -14,7 +14,8 @@ __all__ = ["EXTRACT_VERSION", "REASON_VERSION", "DATE_PATTERN", "CATEGORY_KEYS",
            "parse_extraction", "reason_request", "parse_reasoning"]
 
 EXTRACT_VERSION = "premem-extract-v1"
-REASON_VERSION = "premem-reason-v1"
+#: v2: fragments are numbered [F1]... and a transformation may name the fragment it supersedes (issue 12)
+REASON_VERSION = "premem-reason-v2"
 
 DATE_PATTERN = r"^(Before |After )?\d{4}-\d{2}-\d{2}$"
 CATEGORY_KEYS = {
@@ -63,6 +64,8 @@ REASON_SCHEMA: dict[str, Any] = {
                     "key": {"type": "string", "minLength": 1},
                     "date": {"type": "string", "minLength": 1, "maxLength": 64},
                     "value": {"type": "string", "minLength": 1},
+                    "supersedes": {"type": "string", "pattern": "^F\\d+$"},
+                    "superseded_by": {"type": "string", "pattern": "^F\\d+$"},
                 },
                 "required": ["inference_type", "key", "date", "value"],
                 "additionalProperties": False,
@@ -120,6 +123,7 @@ Output a JSON object with an "extended_insight" key holding an array of objects 
 - You do NOT need to use all five inference types; select only those that clearly apply.
 - You may use the same inference type several times for different insights.
 - Focus on quality over quantity; avoid trivial insights.
+- Each fragment starts with its reference [F1], [F2], ... When a later fragment replaces the value an earlier one stated about the same person and thing (a changed number, place, job, tool, plan), output a transformation insight with "supersedes": the earlier fragment's reference and "superseded_by": the later one's (e.g. "F2" and "F5"). Omit both fields otherwise, and never use them for two statements that can both be true.
 
 Example fragments:
 [tech purchase, 2023-03-05]: Jordan buy new drawing tablet
@@ -159,8 +163,8 @@ def parse_extraction(answer: dict[str, Any], message_ids: set[str]) -> list[dict
     return out
 
 
-def _fragment_line(f: dict[str, Any]) -> str:
-    return f"[{f['key']}, {f['date']}]: {f['subject']} {f['content']}"
+def _fragment_line(f: dict[str, Any], ref: int) -> str:
+    return f"[F{ref}] [{f['key']}, {f['date']}]: {f['subject']} {f['content']}"
 
 
 def reason_request(pair: dict[str, Any]) -> LLMRequest:
@@ -169,18 +173,26 @@ def reason_request(pair: dict[str, Any]) -> LLMRequest:
     `pair`: {"user_id", "link_id", "earlier": [fragment dicts], "later": [fragment dicts]} where a
     fragment dict has id, subject, category, key, content, date, source_ids.
     """
-    frags = "\n".join(_fragment_line(f) for f in pair["earlier"] + pair["later"])
+    frags = "\n".join(_fragment_line(f, i + 1) for i, f in enumerate(pair["earlier"] + pair["later"]))
     user = "Below are the memory fragments to analyze:\n" + frags
     return LLMRequest(task="reason", prompt_version=REASON_VERSION,
                       messages=chat(REASON_SYSTEM, user), schema=REASON_SCHEMA, context=pair)
 
 
 def parse_reasoning(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    """Schema-valid reasoning answer -> insight dicts with the short inference type names."""
-    return [{
-        "inference_type": INFERENCE_ALIASES[item["inference_type"].lower()],
-        "key": item["key"].strip(), "content": item["value"].strip(), "date": item["date"].strip(),
-    } for item in answer["extended_insight"]]
+    """Schema-valid reasoning answer -> insight dicts with the short inference type names; a
+    transformation naming the fragment it supersedes keeps both 1-based positions (`supersedes`,
+    `superseded_by`: indexes into the pair's earlier + later fragments)."""
+    out = []
+    for item in answer["extended_insight"]:
+        row: dict[str, Any] = {"inference_type": INFERENCE_ALIASES[item["inference_type"].lower()],
+                               "key": item["key"].strip(), "content": item["value"].strip(),
+                               "date": item["date"].strip()}
+        old, new = item.get("supersedes"), item.get("superseded_by")
+        if row["inference_type"] == "transformation" and old and new and old != new:
+            row["supersedes"], row["superseded_by"] = int(old[1:]), int(new[1:])
+        out.append(row)
+    return out
 
 
 

@@ -1,6 +1,6 @@
 """The consolidation stages of one shard of users, one module each, in order:
 
-    load -> extract -> embed -> link -> reason -> embed-insights -> weave -> summarize -> topics -> commit
+    load -> extract -> embed -> supersede -> link -> reason -> embed-insights -> weave -> summarize -> topics -> commit
 
 `load.load_shard` reads a shard's pending sessions into a `shard.ShardState`; every stage of
 `STAGES` is a function `(state, context) -> state` that only reads the store (and the LLM response
@@ -20,6 +20,7 @@ from memory.stages.link import link
 from memory.stages.reason import reason
 from memory.stages.shard import ShardState, StageContext
 from memory.stages.summarize import summarize
+from memory.stages.supersede import supersede
 from memory.stages.topics import topics
 from memory.stages.weave import weave
 
@@ -38,6 +39,7 @@ class StageSpec:
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("extract", extract, True),           # PREMem step 1: fragments
     StageSpec("embed", embed, False),
+    StageSpec("supersede", supersede, False),      # PREMem transformation acted on: close replaced fragments
     StageSpec("link", link, False),                # PREMem step 2a: clusters, cross-session links
     StageSpec("reason", reason, True),             # PREMem step 2b: insights
     StageSpec("embed-insights", embed_insights, False),

@@ -1,13 +1,18 @@
 """The reason stage, PREMem step 2b: insights over the shard's linked cluster pairs (five evolution
 patterns), one LLM request per pair, all pairs of the shard in one batch. The insights are embedded
-and attributed to source messages afterwards, by `embed_insights`."""
+and attributed to source messages afterwards, by `embed_insights`.
+
+With an LLM backend this is also where supersession is decided (issue 12): a transformation that
+names the fragment it supersedes (`supersedes` / `superseded_by`, prompt `REASON_VERSION`) closes the
+earlier fragment (`valid_until`, `superseded_by`, `supersede_version` = the prompt's version); the
+`rules` backend decides in the supersede stage instead. Insights get `valid_from` = their session time."""
 from __future__ import annotations
 
 from typing import Any
 
 from memory import prompts
 from memory.ids import make_id
-from memory.stages.shard import Link, ShardState, StageContext, all_fragments, merge_llm, timed
+from memory.stages.shard import Link, ShardState, StageContext, add_rows, all_fragments, merge_llm, timed
 
 
 def reason(state: ShardState, ctx: StageContext) -> ShardState:
@@ -20,10 +25,16 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
             requests = [prompts.reason_request(pair_context(lk, fragments)) for lk in state.links]
             answers, bad = runner.run(requests)
             merge_llm(state, runner.stats)
+            new_ids = {f["id"] for f in state.fragments}
             for lk, answer in zip(state.links, answers):
                 if answer is not None:
-                    state.insights.extend(insight_rows(lk, prompts.parse_reasoning(answer), run_id=state.run_id,
+                    items = prompts.parse_reasoning(answer)
+                    state.insights.extend(insight_rows(lk, items, run_id=state.run_id,
                                                        backend=backend.name, model=backend.model))
+                    closed = [fragments[i] for i in close_superseded(pair_context(lk, fragments), items, fragments)
+                              if i not in new_ids]
+                    if closed:
+                        add_rows(state, "fragments", closed)
             by_link = {lk.id: lk for lk in state.links}
             for q in bad:
                 lk = by_link[q.request.context["link_id"]]
@@ -46,6 +57,25 @@ def pair_context(link: Link, fragments: dict[str, dict[str, Any]]) -> dict[str, 
             "earlier": view(earlier.member_ids), "later": view(later.member_ids)}
 
 
+def close_superseded(pair: dict[str, Any], items: list[dict[str, Any]],
+                     fragments: dict[str, dict[str, Any]]) -> list[str]:
+    """Close the fragments the answer's transformations say are superseded (1-based positions in the
+    pair's earlier + later fragments, the earlier one closed by the later); the closed ids."""
+    order = [f["id"] for f in pair["earlier"] + pair["later"]]
+    closed = []
+    for it in items:
+        old_i, new_i = it.get("supersedes"), it.get("superseded_by")
+        if not old_i or not new_i or not (1 <= old_i <= len(order) and 1 <= new_i <= len(order)):
+            continue
+        old, new = fragments[order[old_i - 1]], fragments[order[new_i - 1]]
+        if old["id"] == new["id"] or old.get("superseded_by"):
+            continue
+        since = new.get("valid_from") or (new["session_ts"].isoformat() if new.get("session_ts") else new["date"])
+        old.update(valid_until=since, superseded_by=new["id"], supersede_version=prompts.REASON_VERSION)
+        closed.append(old["id"])
+    return closed
+
+
 def insight_rows(link: Link, items: list[dict[str, Any]], *, run_id: str, backend: str, model: str) -> list[dict[str, Any]]:
     """Insights-table rows (without vector and source_ids) for one pair's parsed answer."""
     parents = list(link.pool.member_ids) + list(link.new.member_ids)
@@ -59,5 +89,6 @@ def insight_rows(link: Link, items: list[dict[str, Any]], *, run_id: str, backen
             "key": it["key"], "content": it["content"], "date": it["date"],
             "text": f"{it['key']}: {it['content']}", "parent_ids": parents, "run_id": run_id,
             "backend": backend, "model": model, "prompt_version": prompts.REASON_VERSION,
+            "valid_from": link.new.session_ts.isoformat(),
         })
     return rows

@@ -84,10 +84,10 @@ def test_stages_run_alone(tmp_path: Path) -> None:
 
 
 def test_stage_registry() -> None:
-    assert [s.name for s in STAGES] == ["extract", "embed", "link", "reason", "embed-insights", "weave",
-                                        "summarize", "topics"]
+    assert [s.name for s in STAGES] == ["extract", "embed", "supersede", "link", "reason", "embed-insights",
+                                        "weave", "summarize", "topics"]
     assert [s.name for s in STAGES if s.retryable] == ["extract", "reason", "summarize", "topics"]
-    assert stage("weave") is STAGES[5]
+    assert stage("weave") is STAGES[6]
     with pytest.raises(ConfigError, match="unknown stage"):
         stage("nope")
 

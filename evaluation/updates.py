@@ -1,0 +1,196 @@
+"""`mnemo bench updates`: does retrieval know what is current? On the BEAM development chats, per
+scale, with the default strategy at k = 10 and validity ordering on vs off (`RetrievalSettings.validity`):
+
+* **update-first** (knowledge_update): share of questions whose first ranked memory citing an
+  `updated_info` message comes before the first citing an `original_info` one (evaluation.beam's
+  `UpdateFirst`: no updated message in the top k, or a tie, counts as not first);
+* **updated R@10**: Recall@10 of the `updated_info` messages alone (and of all KU evidence);
+* **contradictions** (contradiction_resolution): share of questions with a message of each
+  statement in the top 10 (`both`), and of those where `context()` also flags the pair
+  (`flagged`: an item citing one statement carries a contradiction with an item citing the other,
+  and the context text shows "CONTRADICTS");
+* overall R@10 over every ability, to show what the ordering costs elsewhere.
+
+Stores: `--store ROOT` uses `ROOT/SCALE` as it is (chats already consolidated there are not
+consolidated again; fragments never examined by the supersede stage are examined first, with
+`memory.stages.supersede.supersede_user`, idempotent); without it each scale is consolidated into a
+temporary store with the `rules` backend (the supersede stage runs as part of consolidation).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from evaluation.beam import UpdateFirst, consolidate_scale, load_questions, scales_in
+from evaluation.common import recall_at, scratch_store
+from memory.errors import ConfigError
+from memory.ingest.beam import beam_user, chat_files
+from memory.runs import open_store
+from memory.settings import Settings
+from memory.stages.supersede import supersede_user
+from memory.store import Store
+from retrieval.retriever import RetrievalResult, Retriever
+
+K = 10
+CONTRADICTION = "contradiction_resolution"
+
+
+def statement_sides(chat_dir: Path) -> list[tuple[str, set[str], set[str]]]:
+    """(question, first statement's message ids, second's) of every contradiction question."""
+    from evaluation.beam import evidence_ids
+
+    data = json.loads((chat_dir / "probing_questions.json").read_text())
+    out = []
+    for item in data.get(CONTRADICTION, []):
+        src = item.get("source_chat_ids")
+        parts = list(src.values()) if isinstance(src, dict) else list(src or [])
+        if len(parts) < 2 or not str(item.get("question", "")).strip():
+            continue
+        a, b = evidence_ids(parts[0]), evidence_ids(parts[1:])
+        if a and b:
+            out.append((item["question"], a, b))
+    return out
+
+
+def top_sources(res: RetrievalResult, k: int = K) -> set[str]:
+    """The first k distinct source ids of a result."""
+    seen: list[str] = []
+    for it in res.items:
+        for s in it.source_ids:
+            if s not in seen:
+                seen.append(s)
+        if len(seen) >= k:
+            break
+    return set(seen[:k])
+
+
+def flagged(res: RetrievalResult, a: set[str], b: set[str]) -> bool:
+    """An item citing one statement carries a contradiction with a returned item citing the other,
+    and the context shows it."""
+    by_id = {it.id: it for it in res.items}
+    for it in res.items:
+        other = by_id.get((it.contradiction or {}).get("id", ""))
+        if other is None:
+            continue
+        x, y = set(it.source_ids), set(other.source_ids)
+        if (x & a and y & b) or (x & b and y & a):
+            return "CONTRADICTS" in res.context(max_tokens=4000)
+    return False
+
+
+def ensure_examined(st: Store, users: Sequence[str]) -> dict[str, int]:
+    """Run the supersede decisions on fragments never examined (an older store); totals."""
+    total: dict[str, int] = {}
+    for u in users:
+        for key, n in supersede_user(st, u).items():
+            total[key] = total.get(key, 0) + n
+    return total
+
+
+def validity_counts(st: Store, users: Sequence[str]) -> dict[str, int]:
+    """Fragments, superseded ones and contradiction flags of these users."""
+    out = {"fragments": 0, "superseded": 0, "contradicts": 0}
+    for u in users:
+        t = st.read("fragments", u, columns=["superseded_by", "contradicts"])
+        out["fragments"] += t.num_rows
+        out["superseded"] += t.num_rows - t.column("superseded_by").null_count
+        out["contradicts"] += t.num_rows - t.column("contradicts").null_count
+    return out
+
+
+def measure(st: Store, cfg: Settings, questions: list[dict[str, Any]],
+            sides: list[tuple[str, str, set[str], set[str]]]) -> dict[str, Any]:
+    """Every figure of the module doc, validity on and off."""
+    out: dict[str, Any] = {}
+    ku = [q for q in questions if q.get("updated")]
+    texts = [q["question"] for q in questions] + [s[1] for s in sides]
+    for mode in (True, False):
+        r = Retriever(st, cfg.with_overrides(retrieval={**cfg.retrieval.model_dump(), "validity": mode}))
+        vecs = r.embed(texts) if texts else np.zeros((0, st.dim), dtype=np.float32)
+        uf = UpdateFirst()
+        upd, ku_all, overall, both, flag = [], [], [], [], []
+        for q, v in zip(questions, vecs):
+            res = r.retrieve(q["user"], v, k=K, text=q["question"])
+            overall.append(recall_at(res.items, q["evidence"], K))
+            if q.get("updated"):
+                uf(q, res)
+                upd.append(recall_at(res.items, q["updated"], K))
+                ku_all.append(recall_at(res.items, q["evidence"], K))
+        for (user, text, a, b), v in zip(sides, vecs[len(questions):]):
+            res = r.retrieve(user, v, k=K, text=text)
+            top = top_sources(res)
+            both.append(bool(top & a and top & b))
+            flag.append(both[-1] and flagged(res, a, b))
+        tag = "on" if mode else "off"
+        out[tag] = {"update-first": uf.row()["update-first"], "uf n": uf.n, "updated R@10": _mean(upd),
+                    "KU R@10": _mean(ku_all), "R@10": _mean(overall), "CR both": _mean(both),
+                    "CR flagged": _mean(flag), "CR n": len(sides), "KU n": len(ku)}
+    return out
+
+
+def _mean(xs: Sequence[float | bool]) -> float:
+    return float(np.mean([float(x) for x in xs])) if xs else float("nan")
+
+
+def run_scale(root: Path, scale: str, store_dir: str, cfg: Settings) -> dict[str, Any]:
+    """Consolidate (or reuse) one scale's store and measure it."""
+    chats = chat_files(root / scale)
+    if not chats:
+        raise ConfigError(f"{root / scale} holds no N/chat.json folder", path=str(root / scale))
+    cfg = cfg.with_overrides(store=store_dir, llm="rules")
+    st = open_store(cfg)
+    users = [beam_user(c) for c in chats]
+    t0 = time.perf_counter()
+    done = set(st.read("watermarks", columns=["user_id"]).column("user_id").to_pylist()) \
+        if st.has_table("watermarks") else set()
+    if not all(u in done for u in users):
+        consolidate_scale(st, [c for c in chats if beam_user(c) not in done], cfg, 1)
+    examined = ensure_examined(st, users)
+    prep_s = time.perf_counter() - t0
+    questions: list[dict[str, Any]] = []
+    sides: list[tuple[str, str, set[str], set[str]]] = []
+    for chat, user in zip(chats, users):
+        questions += load_questions(chat.parent, user)[0]
+        sides += [(user, q, a, b) for q, a, b in statement_sides(chat.parent)]
+    figures = measure(st, cfg, questions, sides)
+    return {"scale": scale, "chats": len(chats), "questions": len(questions), "figures": figures,
+            "counts": validity_counts(st, users), "examined": examined, "prep_s": prep_s}
+
+
+def report(res: dict[str, Any]) -> str:
+    """The printed figures of one scale."""
+    on, off = res["figures"]["on"], res["figures"]["off"]
+    rows = [("update-first (KU, top-10)", "update-first"), ("updated-message R@10 (KU)", "updated R@10"),
+            ("KU evidence R@10", "KU R@10"), ("CR both statements in top-10", "CR both"),
+            ("CR both + flagged in context()", "CR flagged"), ("overall R@10 (every ability)", "R@10")]
+    lines = [f"BEAM {res['scale']} updates: {res['chats']} chats, {on['KU n']} knowledge_update and "
+             f"{on['CR n']} contradiction_resolution questions ({res['questions']} with evidence), default "
+             f"strategy, k={K}",
+             f"store: {res['counts']['fragments']} fragments, {res['counts']['superseded']} superseded, "
+             f"{res['counts']['contradicts']} contradiction flags; examined now {res['examined']} "
+             f"({res['prep_s']:.1f} s incl. any consolidation)", "",
+             "| figure | validity on | off | on - off |", "|---|---|---|---|"]
+    for label, key in rows:
+        lines.append(f"| {label} | {on[key]:.3f} | {off[key]:.3f} | {on[key] - off[key]:+.3f} |")
+    return "\n".join(lines)
+
+
+def bench_updates(path: str, *, scales: Sequence[str] | None = None, store: str | None = None,
+                  settings: Settings | None = None) -> str:
+    """Run the benchmark on every requested scale (default: every scale folder under `path`)."""
+    root = Path(path)
+    cfg = settings or Settings()
+    todo = list(scales or scales_in(root))
+    if not todo:
+        raise ConfigError(f"{root} holds no SCALE/N/chat.json folder", path=str(root))
+    out = []
+    for scale in todo:
+        if not (root / scale).is_dir():
+            raise ConfigError(f"no scale folder {root / scale}", path=str(root / scale))
+        with scratch_store(str(Path(store) / scale) if store else None, f"mnemo-updates-{scale}-") as st_dir:
+            out.append(report(run_scale(root, scale, st_dir, cfg)))
+    return "\n\n".join(out)

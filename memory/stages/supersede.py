@@ -1,0 +1,315 @@
+"""The supersede stage (PREMem's *transformation*, acted on): a new fragment that gives a new value to
+an older fragment of the same user and subject closes it (`valid_until` = the new one's time,
+`superseded_by` = its id); one that contradicts an older one without replacing it records the older
+id in `contradicts`. Nothing is deleted.
+
+Candidates, never all pairs: for each new fragment, the `NEIGHBOURS` nearest stored or new fragments
+of the user by vector (cosine >= `MIN_SIM`), the fragments with the same subject and key, and those
+holding the same quantity (an inverted index from a quantity's unit and context words, see
+`memory.llm.rules.supersede`), at most `MAX_CANDIDATES`. With the `rules` backend the rule decides
+here; LLM backends decide in the reason stage (a transformation insight names the fragments it
+supersedes), so this stage then only stamps `valid_from`. A late fragment older than a stored one it
+changes is itself closed by the stored one.
+
+`supersede_user` runs the same decisions on an already consolidated store for one user (fragments
+never examined, `supersede_version` null), writing the changed rows: idempotent.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, decide, has_change_cue, is_statement,
+                                         quantities, says_never)
+from memory.stages.shard import ShardState, StageContext, add_rows, has_stored, timed
+from memory.store import Store
+from memory.text import split_sentences
+
+__all__ = ["supersede", "supersede_user", "plan", "NEIGHBOURS", "MIN_SIM", "MAX_CANDIDATES"]
+
+#: vector neighbours examined per new fragment
+NEIGHBOURS = 8
+#: cosine under which a vector neighbour is not a candidate
+MIN_SIM = 0.5
+#: candidates examined per new fragment (vector, key and quantity candidates together)
+MAX_CANDIDATES = 32
+#: older turns of the fragment's subject searched for a statement extraction missed (by cosine)
+MESSAGE_NEIGHBOURS = 8
+MESSAGE_MIN_SIM = 0.4
+#: sentences of one turn read for a contradiction (its opening: where a turn states its situation)
+MAX_SENTENCES = 4
+
+
+def when(row: dict[str, Any], message_ts: dict[str, datetime]) -> str:
+    """A fragment's time (ISO 8601): `valid_from` if set, else its newest source message's time,
+    else its session's."""
+    if row.get("valid_from"):
+        return str(row["valid_from"])
+    times = [message_ts[s] for s in row.get("source_ids") or [] if s in message_ts]
+    ts = max(times) if times else row.get("session_ts")
+    return ts.isoformat() if isinstance(ts, datetime) else str(ts or "")
+
+
+def _candidates(i: int, z: np.ndarray, keys: dict[tuple[str, str], list[int]],
+                qindex: dict[tuple[str, str], list[int]], frags: list[dict[str, Any]],
+                qs: list[list[Any]]) -> dict[int, float]:
+    """Candidate positions for fragment i with their cosine (see the module doc)."""
+    sims = z @ z[i]
+    out: dict[int, float] = {}
+    n = min(NEIGHBOURS + 1, sims.size)
+    top = np.argpartition(-sims, n - 1)[:n]
+    for j in top.tolist():
+        if j != i and sims[j] >= MIN_SIM:
+            out[j] = float(sims[j])
+    f = frags[i]
+    for j in keys.get((str(f.get("subject") or "").lower(), str(f.get("key") or "").lower()), []):
+        if j != i:
+            out.setdefault(j, float(sims[j]))
+    hits: dict[int, int] = defaultdict(int)
+    for q in qs[i]:
+        for word in q.context:
+            for j in qindex.get((q.unit, word), []):
+                hits[j] += 1
+    for j, n in sorted(hits.items(), key=lambda kv: -kv[1]):
+        if j != i and n >= 2:
+            out.setdefault(j, float(sims[j]))
+    best = sorted(out.items(), key=lambda kv: -kv[1])[:MAX_CANDIDATES]
+    return dict(best)
+
+
+class Turns:
+    """One user's turns with vectors, searched for older statements of a fragment's subject that
+    no fragment holds (extraction missed them): a changed quantity there is recorded on the newer
+    fragment as `replaces_sources`."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        rows = [m for m in rows if m.get("vector") is not None and m.get("ts") is not None]
+        self.rows = rows
+        self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
+            np.zeros((0, 1), dtype=np.float32)
+        self._sentences: dict[int, list[str]] = {}
+
+    def sentences(self, j: int) -> list[str]:
+        """The statements of turn j that hold a number (cached)."""
+        if j not in self._sentences:
+            text = str(self.rows[j].get("text") or "")
+            self._sentences[j] = [s for s in split_sentences(text) if any(c.isdigit() for c in s)
+                                  and is_statement({"content": s})]
+        return self._sentences[j]
+
+    def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
+        """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
+        for a statement that says something changed (`has_change_cue`): no fragment backs the turn."""
+        if not self.rows or self.z.shape[1] != vec.shape[0] or not has_change_cue(f) or not is_statement(f) \
+                or not quantities(str(f.get("content") or "")):
+            return []
+        sims = self.z @ vec
+        subject = str(f.get("subject") or "").lower()
+        own = set(f.get("source_ids") or [])
+        out = []
+        for j in np.argsort(-sims)[:MESSAGE_NEIGHBOURS].tolist():
+            m = self.rows[j]
+            if sims[j] < MESSAGE_MIN_SIM or m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
+                continue
+            if m["ts"].isoformat() >= since:
+                continue
+            for sentence in self.sentences(j):
+                old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
+                if decide(f, old, float(sims[j])) == "update":
+                    out.append(m["message_id"])
+                    break
+        return out
+
+    def contradicted(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
+        """Message ids of older turns of `f`'s subject with a statement `f` contradicts (rules'
+        `contradiction`: `f` says "never ..." of what the turn states)."""
+        if not self.rows or self.z.shape[1] != vec.shape[0] or not is_statement(f) or not says_never(f):
+            return []
+        sims = self.z @ vec
+        subject = str(f.get("subject") or "").lower()
+        own = set(f.get("source_ids") or [])
+        out = []
+        for j in np.argsort(-sims)[:MESSAGE_NEIGHBOURS].tolist():
+            m = self.rows[j]
+            if sims[j] < MESSAGE_MIN_SIM or m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
+                continue
+            if m["ts"].isoformat() >= since:
+                continue
+            for sentence in split_sentences(str(m.get("text") or ""))[:MAX_SENTENCES]:
+                old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
+                if decide(f, old, float(sims[j])) == "contradiction":
+                    out.append(m["message_id"])
+                    break
+        return out
+
+
+def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
+               version: str = SUPERSEDE_VERSION) -> dict[str, dict[str, Any]]:
+    """Turn against turn, for the statements extraction missed on both sides: each sentence of a
+    `todo` turn (message ids) that says something changed about a quantity is compared with the
+    older turns of its speaker (`Turns.replaced`); the older turns it updates are added to the
+    `replaces_sources` of a fragment citing the newer turn (its carrier: retrieval then pulls the
+    newer turn, or the carrier, above the older turn). Returns the changed fragments by id."""
+    carriers: dict[str, dict[str, Any]] = {}
+    for f in frags:
+        for sid in f.get("source_ids") or []:
+            carriers.setdefault(sid, f)
+    at = {m["message_id"]: j for j, m in enumerate(turns.rows)}
+    changed: dict[str, dict[str, Any]] = {}
+    for mid in dict.fromkeys(todo):
+        j, carrier = at.get(mid), carriers.get(mid)
+        if j is None or carrier is None:
+            continue
+        m = turns.rows[j]
+        since = m["ts"].isoformat()
+        for sentence in turns.sentences(j):
+            probe = {"subject": m.get("speaker"), "key": "", "content": sentence, "source_ids": [mid]}
+            found = [o for o in turns.replaced(probe, turns.z[j], since)
+                     if o not in (carrier.get("replaces_sources") or [])]
+            if found:
+                carrier["replaces_sources"] = list(carrier.get("replaces_sources") or []) + found
+                carrier["supersede_version"] = version
+                changed[carrier["id"]] = carrier
+    return changed
+
+
+def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str, datetime], *,
+         version: str = SUPERSEDE_VERSION, decide_rules: bool = True,
+         turns: Turns | None = None) -> dict[str, dict[str, Any]]:
+    """Decide for every fragment of `todo` (ids among `frags`, one user's fragments with vectors)
+    against its candidates, in time order, and (with `turns`) against older turns no fragment
+    covers; mutates the rows and returns the changed ones by id."""
+    if not frags:
+        return {}
+    z = np.stack([np.asarray(f["vector"], dtype=np.float32) for f in frags])
+    z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    times = [when(f, message_ts) for f in frags]
+    pos = {f["id"]: i for i, f in enumerate(frags)}
+    keys: dict[tuple[str, str], list[int]] = defaultdict(list)
+    qindex: dict[tuple[str, str], list[int]] = defaultdict(list)
+    qs: list[list[Quantity]] = []
+    statement = [is_statement(f) for f in frags]   # the rules compare statements only: skip code lines
+    for i, f in enumerate(frags):
+        if not statement[i]:
+            qs.append([])
+            continue
+        keys[(str(f.get("subject") or "").lower(), str(f.get("key") or "").lower())].append(i)
+        found = quantities(f"{f.get('key') or ''}: {f.get('content') or ''}") if decide_rules else []
+        qs.append(found)
+        for q in found:
+            for word in q.context:
+                qindex[(q.unit, word)].append(i)
+    changed: dict[str, dict[str, Any]] = {}
+    order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
+    for i in order:
+        f = frags[i]
+        if not f.get("valid_from"):
+            f["valid_from"] = times[i]
+        f["supersede_version"] = version
+        changed[f["id"]] = f
+        if not decide_rules or not statement[i]:
+            continue
+        updated = False
+        for j, sim in _candidates(i, z, keys, qindex, frags, qs).items():
+            if f.get("superseded_by"):
+                break                                   # closed by a newer stored fragment
+            c = frags[j]
+            if c.get("superseded_by") or not statement[j]:
+                continue                                # history: only current fragments change
+            newer, older = (f, c) if times[j] <= times[i] else (c, f)
+            verdict = decide(newer, older, sim)
+            if verdict == "update":
+                updated = updated or newer is f
+                older["valid_until"] = when(newer, message_ts)
+                older["superseded_by"] = newer["id"]
+                older["supersede_version"] = version
+                changed[older["id"]] = older
+            elif verdict == "contradiction" and not newer.get("contradicts"):
+                newer["contradicts"] = older["id"]
+                changed[newer["id"]] = newer
+        if turns is not None and not updated and not f.get("superseded_by"):
+            turned = turns.replaced(f, z[i], times[i])
+            if turned:
+                f["replaces_sources"] = turned
+        if turns is not None:
+            against = turns.contradicted(f, z[i], times[i])
+            if against:
+                f["contradicts_sources"] = against
+    return changed
+
+
+def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = ()) -> tuple[dict[str, datetime], Turns]:
+    """The user's message times and turns with vectors (stored, then `extra`, the shard's)."""
+    rows: dict[str, dict[str, Any]] = {}
+    if store.has_table("messages"):
+        cols = ["message_id", "speaker", "text", "ts", "vector"]
+        rows = {m["message_id"]: m for m in store.read("messages", user, columns=cols).to_pylist()}
+    for m in extra:
+        if m.get("ts") is not None:
+            rows[m["message_id"]] = {**rows.get(m["message_id"], {}), **m}
+    return {k: m["ts"] for k, m in rows.items() if m.get("ts") is not None}, Turns(list(rows.values()))
+
+
+def _stored(store: Store, user: str, exclude: set[str]) -> list[dict[str, Any]]:
+    if not store.has_table("fragments"):
+        return []
+    t = store.read("fragments", user)
+    if exclude and t.num_rows:
+        t = t.filter(pc.invert(pc.is_in(t.column("id"), value_set=pa.array(sorted(exclude)))))
+    return [r for r in t.to_pylist() if r.get("vector") is not None]
+
+
+def supersede(state: ShardState, ctx: StageContext) -> ShardState:
+    """Close the stored (or new) fragments the shard's new fragments replace; flag contradictions."""
+    with timed(state, "supersede"):
+        rules = ctx.settings.llm == "rules"
+        by_user: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for f in state.fragments:
+            if f.get("vector") is not None:
+                by_user[f["user_id"]].append(f)
+        for user, new in by_user.items():
+            ids = {f["id"] for f in new}
+            stored = _stored(ctx.store, user, ids) if has_stored(state, user) else []
+            msgs = [m for m in state.message_rows if m["user_id"] == user]
+            for s in state.sessions:
+                if s.user_id == user:
+                    msgs += s.messages
+            message_ts, turns = _turns(ctx.store, user, msgs)
+            changed = plan(stored + new, ids, message_ts, decide_rules=rules, turns=turns if rules else None)
+            if rules:
+                changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns))
+            closed = [r for fid, r in changed.items() if fid not in ids]
+            if closed:
+                add_rows(state, "fragments", closed)
+    return state
+
+
+def supersede_user(store: Store, user_id: str) -> dict[str, int]:
+    """Run the rules' decisions on one user of an already consolidated store: every fragment never
+    examined (`supersede_version` null) against its candidates; writes the changed rows. Returns
+    counts (examined, superseded, contradictions). A second run finds nothing to examine."""
+    frags = _stored(store, user_id, set())
+    todo = [f["id"] for f in frags if not f.get("supersede_version")]
+    if not todo:
+        return {"examined": 0, "superseded": 0, "contradictions": 0, "replaced_turns": 0, "contradicted_turns": 0}
+    before_sup = {f["id"] for f in frags if f.get("superseded_by")}
+    before_con = {f["id"] for f in frags if f.get("contradicts")}
+    message_ts, turns = _turns(store, user_id)
+    changed = plan(frags, todo, message_ts, turns=turns)
+    todo_turns = [s for f in frags if f["id"] in set(todo) for s in f.get("source_ids") or []]
+    changed.update(plan_turns(frags, todo_turns, turns))
+    rows = list(changed.values())
+    for r in rows:
+        r["vector"] = np.asarray(r["vector"], dtype=np.float32)
+    store.upsert("fragments", rows)
+    return {"examined": len(todo),
+            "superseded": sum(1 for r in rows if r.get("superseded_by") and r["id"] not in before_sup),
+            "contradictions": sum(1 for r in rows if r.get("contradicts") and r["id"] not in before_con),
+            "replaced_turns": sum(len(r.get("replaces_sources") or []) for r in rows),
+            "contradicted_turns": sum(len(r.get("contradicts_sources") or []) for r in rows)}
+

@@ -1,0 +1,266 @@
+"""What is current (issue 12): the ordering the retriever applies after any strategy, and the
+history and contradictions `context()` shows.
+
+A returned memory that holds a replaced statement keeps its place in the ranking but the current
+version is put right above it, pulled in from lower down or from outside the result. A memory
+holds a replaced statement when it is a fragment closed by a newer one (`superseded_by`, written by
+the supersede stage), or it cites a message that such a fragment cites, or one that a newer
+fragment names in `replaces_sources`; the current version is the end of the `superseded_by` chain,
+always above a replaced fragment, above any other memory only when the query matches it about as
+well (cosine within `RELEVANCE_MARGIN`): a turn says many things, and only the changed one should move. A fragment
+that contradicts another (`contradicts`, either side; for a message, the fragment of it the query
+matches best) gets its counterpart right below it, so both reach the answering model and context
+flags them. The result keeps `k` items: what is pulled in pushes the tail out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from retrieval.index import UserIndex
+
+__all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN"]
+
+#: superseded_by links followed to find the current version (a guard against cycles)
+MAX_CHAIN = 16
+#: a current version is pulled above a memory when cos(query, it) >= cos(query, memory) - this
+RELEVANCE_MARGIN = 0.0
+_COLUMNS = ["id", "source_ids", "valid_from", "valid_until", "superseded_by", "contradicts", "replaces_sources",
+            "contradicts_sources"]
+
+
+@dataclass
+class Validity:
+    """One user's validity facts at an index's snapshot (fragments with an event only)."""
+
+    superseded_by: dict[str, str] = field(default_factory=dict)
+    replaces: dict[str, list[str]] = field(default_factory=dict)     # newer id -> older ids
+    contradicts: dict[str, str] = field(default_factory=dict)        # both directions
+    valid_from: dict[str, str] = field(default_factory=dict)
+    valid_until: dict[str, str] = field(default_factory=dict)
+    #: message id -> index rows of the fragments citing it (messages cited by an eventful fragment)
+    by_message: dict[str, list[int]] = field(default_factory=dict)
+    #: message id -> fragments whose statement replaced one of it (superseded fragments' sources and
+    #: `replaces_sources`)
+    replaced_in: dict[str, list[str]] = field(default_factory=dict)
+    #: memory id (a fragment, or a message's row) -> the memory ids it contradicts, either side, for
+    #: contradictions with a turn (`contradicts_sources`)
+    against: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.superseded_by and not self.contradicts and not self.replaced_in and not self.against
+
+    def current(self, memory_id: str) -> str:
+        """The end of the `superseded_by` chain from `memory_id` (itself when current)."""
+        cur = memory_id
+        for _ in range(MAX_CHAIN):
+            nxt = self.superseded_by.get(cur)
+            if nxt is None or nxt == memory_id:
+                break
+            cur = nxt
+        return cur
+
+    def history(self, memory_id: str) -> list[str]:
+        """The ids `memory_id` replaced, newest first, transitively."""
+        out: list[str] = []
+        todo = list(self.replaces.get(memory_id, []))
+        while todo and len(out) < MAX_CHAIN:
+            old = todo.pop(0)
+            if old not in out and old != memory_id:
+                out.append(old)
+                todo += self.replaces.get(old, [])
+        return out
+
+
+def _load(index: UserIndex) -> Validity:
+    v = Validity()
+    store = index.store
+    if store is None or not store.has_table("fragments"):
+        return v
+    t = store.read("fragments", index.user_id, columns=_COLUMNS, version=index.version_of("fragments"))
+    if t.num_rows == 0:
+        return v
+    def listed(name: str) -> Any:
+        return pc.greater(pc.fill_null(pc.list_value_length(t.column(name)), 0), 0)
+
+    mask = pc.or_(pc.or_(pc.is_valid(t.column("superseded_by")), pc.is_valid(t.column("contradicts"))),
+                  pc.or_(listed("replaces_sources"), listed("contradicts_sources")))
+    targets = pc.unique(t.column("superseded_by").drop_null())
+    events = t.filter(mask)
+    current = t.filter(pc.is_in(t.column("id"), value_set=targets.combine_chunks()
+                                if isinstance(targets, pa.ChunkedArray) else targets))
+    for fid, since in zip(current.column("id").to_pylist(), current.column("valid_from").to_pylist()):
+        if since:
+            v.valid_from[fid] = since
+    cited: set[str] = set()
+    for r in events.to_pylist():
+        fid = r["id"]
+        if r["superseded_by"]:
+            v.superseded_by[fid] = r["superseded_by"]
+            v.replaces.setdefault(r["superseded_by"], []).append(fid)
+            v.valid_until[fid] = r["valid_until"] or ""
+            for s in r["source_ids"] or []:
+                v.replaced_in.setdefault(s, []).append(r["superseded_by"])
+        for s in r["replaces_sources"] or []:
+            v.replaced_in.setdefault(s, []).append(fid)
+        if r["contradicts_sources"]:
+            turns = turn_rows(index)
+            for s in r["contradicts_sources"]:
+                if s in turns:
+                    mid = str(index.meta.column("id")[turns[s]].as_py())
+                    v.against.setdefault(fid, []).append(mid)
+                    v.against.setdefault(mid, []).append(fid)
+        if r["contradicts"]:
+            v.contradicts.setdefault(fid, r["contradicts"])
+            v.contradicts.setdefault(r["contradicts"], fid)
+        if r["valid_from"]:
+            v.valid_from[fid] = r["valid_from"]
+        cited.update(r["source_ids"] or [])
+    if cited:
+        meta = index.meta
+        frag_rows = np.flatnonzero(index.kinds == "fragment")
+        sources = meta.column("source_ids").take(pa.array(frag_rows, type=pa.int64())).to_pylist()
+        for row, srcs in zip(frag_rows.tolist(), sources):
+            for s in srcs or []:
+                if s in cited:
+                    v.by_message.setdefault(s, []).append(row)
+    return v
+
+
+def turn_rows(index: UserIndex) -> dict[str, int]:
+    """message id -> index row of its turn (memoized)."""
+    def build() -> dict[str, int]:
+        rows = np.flatnonzero(index.kinds == "message")
+        srcs = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist()
+        return {s[0]: int(r) for r, s in zip(rows.tolist(), srcs) if s}
+    return index.memo("turn-rows", build)
+
+
+def validity_of(index: UserIndex) -> Validity:
+    """The user's validity facts, read once per index (memoized)."""
+    return index.memo("validity", lambda: _load(index))
+
+
+def _eventful(v: Validity, memory_id: str) -> bool:
+    return memory_id in v.superseded_by or memory_id in v.contradicts or memory_id in v.against
+
+
+def effective(index: UserIndex, v: Validity, row: int, vec: np.ndarray, ids: list[str | None],
+              sources: list[list[str]]) -> str | None:
+    """The fragment id a ranked row stands for: itself for a fragment, for a message the fragment
+    citing it that best matches the query (None when that one has no validity event)."""
+    kind = str(index.kinds[row])
+    if kind == "fragment":
+        fid = ids[0]
+        return fid if fid is not None and _eventful(v, fid) else None
+    if kind != "message":
+        return None
+    rows = [r for s in sources[0] for r in v.by_message.get(s, [])]
+    if not rows:
+        return None
+    sims = index.z[np.asarray(rows, dtype=np.int64)] @ vec
+    best = index.meta.column("id")[rows[int(np.argmax(sims))]].as_py()
+    return best if _eventful(v, best) else None
+
+
+def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory_id: str | None,
+                sources: list[str], row_of: dict[str, int]) -> int | None:
+    """The index row of the current version to put above `row`, if any (see the module doc)."""
+    if memory_id is not None and memory_id in v.superseded_by:       # the replaced fragment itself
+        return row_of.get(v.current(memory_id))
+    found = []
+    for s in sources:
+        found += [v.current(n) for n in v.replaced_in.get(s, [])]
+    rows = [row_of[f] for f in dict.fromkeys(found) if f != memory_id and f in row_of]
+    turns = turn_rows(index)                      # the newer turns those fragments cite compete too
+    cited = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist() if rows else []
+    rows += [turns[c] for cs in cited for c in cs or [] if c in turns and c not in sources]
+    rows = [r for r in dict.fromkeys(rows) if r != row]
+    if not rows:
+        return None
+    sims = index.z[np.asarray(rows, dtype=np.int64)] @ vec
+    best = int(np.argmax(sims))
+    if sims[best] < float(index.z[row] @ vec) - RELEVANCE_MARGIN:
+        return None
+    return rows[best]
+
+
+def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray,
+                  k: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The strategy's ranking with current versions above superseded ones and contradicting pairs
+    together (see the module doc), cut to `k`; plus signals (how many were moved or pulled in)."""
+    v = validity_of(index)
+    if v.empty or rows.size == 0:
+        return rows, scores, {}
+    row_of = index.row_of_id()
+    taken = pa.array(rows, type=pa.int64())
+    ids = index.meta.column("id").take(taken).to_pylist()
+    sources = index.meta.column("source_ids").take(taken).to_pylist()
+    out: list[tuple[int, float]] = []
+    placed: set[int] = set()
+    pulled = paired = 0
+    for i, (row, score) in enumerate(zip(rows.tolist(), scores.tolist())):
+        if row in placed:
+            continue
+        crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of)
+        if crow is not None and crow not in placed:
+            out.append((crow, score))
+            placed.add(crow)
+            pulled += 1
+        fid = effective(index, v, row, vec, ids[i:i + 1], sources[i:i + 1])
+        out.append((row, score))
+        placed.add(row)
+        others = [v.contradicts[fid]] if fid is not None and fid in v.contradicts else []
+        for mid in (ids[i], fid):
+            others += v.against.get(mid or "", [])
+        orows = [row_of[o] for o in dict.fromkeys(others) if o in row_of and row_of[o] not in placed]
+        if orows:
+            best = orows[int(np.argmax(index.z[np.asarray(orows, dtype=np.int64)] @ vec))]
+            out.append((best, score))
+            placed.add(best)
+            paired += 1
+    out = out[:k]
+    signals = {"validity": {"current_pulled": pulled, "contradictions_paired": paired}}
+    return (np.asarray([r for r, _ in out], dtype=np.int64),
+            np.asarray([s for _, s in out], dtype=np.float32), signals)
+
+
+def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Validity fields of one returned memory for `RetrievedItem`: valid_from/until, superseded_by,
+    the versions it replaced (`history`: text and date, newest first) and the memory it
+    contradicts (`contradiction`). `texts` caches id -> (text, date) lookups."""
+    v = validity_of(index)
+    if v.empty:
+        return {}
+    row_of = index.row_of_id()
+
+    def look(mid: str) -> dict[str, str] | None:
+        if mid not in texts:
+            r = row_of.get(mid)
+            if r is None:
+                return None
+            row = index.rows(np.asarray([r], dtype=np.int64))[0]
+            texts[mid] = (row["text"] or "", v.valid_from.get(mid) or row["date"] or "")
+        text, date = texts[mid]
+        return {"id": mid, "text": text, "date": date[:10]}
+
+    out: dict[str, Any] = {}
+    if memory_id in v.valid_from:
+        out["valid_from"] = v.valid_from[memory_id]
+    if memory_id in v.superseded_by:
+        out["superseded_by"] = v.superseded_by[memory_id]
+        out["valid_until"] = v.valid_until.get(memory_id)
+    history = [h for h in (look(m) for m in v.history(memory_id)) if h is not None]
+    if history:
+        out["history"] = history
+    counterpart = v.contradicts.get(memory_id) or next(iter(v.against.get(memory_id, [])), None)
+    if counterpart is not None:
+        other = look(counterpart)
+        if other is not None:
+            out["contradiction"] = other
+    return out

@@ -1,0 +1,132 @@
+"""Retrieval knows what is current (issue 12): a superseded memory ranks below its replacement (pulled
+in when the strategy missed it), history stays retrievable, contradictions come in pairs, and
+context() renders "since DATE (before: ...)" and the contradiction flag. Real LanceDB, real embedder."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.embed import Embedder
+from memory.settings import RetrievalSettings
+from memory.store import Store
+from retrieval.context import build_context
+from retrieval.retriever import Retriever
+
+USER = "erin"
+# (message id, day, text, fragment key, fragment content, superseded_by, contradicts)
+ROWS: list[tuple[str, int, str, str, str, str | None, str | None]] = [
+    ("m0", 1, "My monthly rent is 1,200 dollars for the flat on Elm Street.", "monthly rent",
+     "Erin pays a monthly rent of 1,200 dollars for the flat on Elm Street", "f3", None),
+    ("m1", 2, "I ride my bike to work every morning along the river.", "commute",
+     "Erin rides a bike to work every morning along the river", None, None),
+    ("m2", 3, "I have been to Japan twice, Kyoto was my favourite city.", "travel Japan",
+     "Erin has been to Japan twice and loved Kyoto", None, None),
+    ("m3", 9, "Since the landlord raised it, my rent is now 1,450 dollars a month.", "rent increase",
+     "Erin's landlord raised the rent, now 1,450 dollars a month", None, None),
+    ("m4", 10, "I have never been to Japan, it is on my list.", "travel Japan",
+     "Erin has never been to Japan", None, "f2"),
+]
+FILLER = ["I like green tea in the afternoon.", "My sister plays the cello in an orchestra.",
+          "We watched a documentary about whales.", "The printer at the office jams a lot.",
+          "I am learning to bake sourdough bread.", "My neighbour has a very loud parrot."]
+
+
+def _ts(day: int) -> datetime:
+    return datetime(2024, 5, day, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def validity_store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
+    st = Store(str(tmp_path_factory.mktemp("validity") / "store"), dim=embedder.dim)
+    msgs: list[dict[str, Any]] = []
+    frags: list[dict[str, Any]] = []
+    for i, (mid, day, text, key, content, sup, con) in enumerate(ROWS):
+        msgs.append({"id": f"msg-{mid}", "user_id": USER, "session_id": f"s{day}", "message_id": mid, "seq": i,
+                     "speaker": "Erin", "text": text, "ts": _ts(day)})
+        until = next((_ts(d).isoformat() for m, d, *_ in ROWS if sup and f"f{m[1:]}" == sup), None)
+        frags.append({"id": f"f{mid[1:]}", "user_id": USER, "session_id": f"s{day}", "session_ts": _ts(day),
+                      "subject": "Erin", "category": "factual", "key": key, "content": content,
+                      "date": _ts(day).date().isoformat(), "text": f"{key}: {content}", "source_ids": [mid],
+                      "valid_from": _ts(day).isoformat(), "valid_until": until, "superseded_by": sup,
+                      "contradicts": con, "supersede_version": "test"})
+    for j, text in enumerate(FILLER):
+        msgs.append({"id": f"msg-x{j}", "user_id": USER, "session_id": "s20", "message_id": f"x{j}",
+                     "seq": 100 + j, "speaker": "Erin", "text": text, "ts": _ts(20)})
+    for m, v in zip(msgs, embedder.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
+        m["vector"] = v
+    for f, v in zip(frags, embedder.embed([f["text"] for f in frags])):
+        f["vector"] = v
+    st.upsert("messages", msgs)
+    st.upsert("fragments", frags)
+    return st
+
+
+def _retriever(st: Store, embedder: Embedder, validity: bool) -> Retriever:
+    return Retriever(st, RetrievalSettings(validity=validity), embedder)
+
+
+def _rank(ids: list[str], memory_id: str) -> int:
+    return ids.index(memory_id) if memory_id in ids else 10**6
+
+
+@pytest.mark.parametrize("strategy", ["familiarity", "rfmem-hybrid"])
+def test_superseded_ranks_below_its_replacement(validity_store: Store, embedder: Embedder, strategy: str) -> None:
+    query = "How much is the monthly rent for the flat on Elm Street?"
+    off = _retriever(validity_store, embedder, False).retrieve(USER, query, k=3, strategy=strategy)
+    on = _retriever(validity_store, embedder, True).retrieve(USER, query, k=3, strategy=strategy)
+    assert len(on.items) <= 3
+    assert _rank(on.ids, "f3") < _rank(on.ids, "f0")                  # the current value first
+    assert "f0" in off.ids or "msg-m0" in off.ids                     # the old value matched the query best
+    old = next(it for it in on.items if it.id in ("f0", "msg-m0"))    # history stays retrievable
+    assert old.id != "f0" or (old.superseded_by == "f3" and old.valid_until.startswith("2024-05-09"))
+    current = next(it for it in on.items if it.id == "f3")
+    assert current.history and current.history[0]["id"] == "f0" and current.superseded_by is None
+    assert on.signals["validity"]["current_pulled"] >= (0 if "f3" in off.ids[:_rank(off.ids, "f0")] else 1)
+
+
+def test_history_is_still_retrievable(validity_store: Store, embedder: Embedder) -> None:
+    r = _retriever(validity_store, embedder, True)
+    res = r.retrieve(USER, "What did I first say about my rent of 1,200 dollars?", k=5, strategy="familiarity")
+    assert "f0" in res.ids and "f3" in res.ids
+
+
+def test_contradictions_come_in_pairs_and_are_flagged(validity_store: Store, embedder: Embedder) -> None:
+    res = _retriever(validity_store, embedder, True).retrieve(USER, "Have I ever been to Japan?", k=4,
+                                                             strategy="familiarity")
+    assert {"f2", "f4"} <= set(res.ids)
+    flagged = [it for it in res.items if it.contradiction]
+    assert {it.id for it in flagged} >= {"f2", "f4"}
+    text = res.context()
+    assert "CONTRADICTS" in text and "ask the user which holds" in text
+
+
+def test_context_renders_current_value_with_history(validity_store: Store, embedder: Embedder) -> None:
+    res = _retriever(validity_store, embedder, True).retrieve(USER, "What is my rent now?", k=4,
+                                                             strategy="familiarity")
+    text = res.context()
+    line = next(ln for ln in text.splitlines() if "1,450" in ln and "(fragment)" in ln)
+    assert "current since 2024-05-09 (before: monthly rent: Erin pays a monthly rent of 1,200" in line
+    assert "[2024-05-01]" in line
+    old = [ln for ln in text.splitlines() if "1,200" in ln and "1,450" not in ln and "(fragment)" in ln]
+    assert all("no longer current since 2024-05-09" in ln for ln in old)
+    # without validity the same items render as plain lines
+    plain = _retriever(validity_store, embedder, False).retrieve(USER, "What is my rent now?", k=4,
+                                                                strategy="familiarity")
+    assert "current since" not in plain.context() and "CONTRADICTS" not in plain.context()
+    assert build_context([]) == ""
+
+
+def test_a_user_without_events_keeps_the_strategy_order(tmp_path: Path, embedder: Embedder) -> None:
+    st = Store(str(tmp_path / "plain"), dim=embedder.dim)
+    rows = [{"id": f"f{i}", "user_id": "finn", "session_id": "s", "session_ts": _ts(1), "subject": "Finn",
+             "category": "factual", "key": t.split()[1], "content": t, "date": "2024-05-01", "text": t,
+             "source_ids": [f"m{i}"]} for i, t in enumerate(FILLER)]
+    for r, v in zip(rows, embedder.embed([r["text"] for r in rows])):
+        r["vector"] = v
+    st.upsert("fragments", rows)
+    on = _retriever(st, embedder, True).retrieve("finn", "tea", k=4, strategy="familiarity")
+    off = _retriever(st, embedder, False).retrieve("finn", "tea", k=4, strategy="familiarity")
+    assert on.ids == off.ids and "validity" not in on.signals
