@@ -3,7 +3,9 @@
 - `ingest`: `mnemo ingest`
 - `consolidate`: `mnemo consolidate`, `mnemo backfill`
 - `inspect`: `mnemo stats`, `mnemo profile`, `mnemo graph`, `mnemo doctor`
+- `forget`: `mnemo forget`
 - `retrieve`: `mnemo retrieve`, `mnemo serve`, `mnemo train-reranker`
+- `mcp`: `mnemo mcp` (the memory tools over MCP)
 - `bench`: every `mnemo bench ...`
 
 The root callback reads the settings once (`load_settings`: MNEMO_* variables, then the global
@@ -23,7 +25,7 @@ from pydantic import ValidationError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from flows.cli import bench, consolidate, ingest, inspect, retrieve
+from flows.cli import bench, consolidate, forget, ingest, inspect, mcp, retrieve
 from flows.cli.context import EXIT_BUSY, console
 from memory.errors import ConfigError, MnemoError, RunInProgressError, StoreBusyError
 from memory.settings import load_settings
@@ -80,9 +82,11 @@ def main_options(
 
 
 ingest.register(app)
+forget.register(app)
 consolidate.register(app)
 inspect.register(app)
 retrieve.register(app)
+mcp.register(app)
 bench.register(bench_app)
 app.add_typer(bench_app, name="bench")
 
