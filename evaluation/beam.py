@@ -29,7 +29,10 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Sequence
 
+from threadpoolctl import threadpool_limits
+
 from evaluation.common import evaluate, scratch_store
+from evaluation.nightly import bench_nightly
 from memory.embed import embedder_for
 from memory.errors import ConfigError
 from memory.ingest import ingest
@@ -58,6 +61,8 @@ class Consolidation:
     counts: dict[str, int] = field(default_factory=dict)
     ingest_s: float = 0.0
     model_load_s: float = 0.0
+    #: process CPU seconds (every thread) of the consolidations: steadier than wall time on a busy machine
+    cpu_s: float = 0.0
     peak_mb: float = 0.0
 
     @property
@@ -85,6 +90,8 @@ class ScaleResult:
     default_strategy: str
     memory: dict[str, int]
     peak_mb: float
+    #: `evaluation.nightly` lines (with `nightly_users`), else ""
+    nightly: str = ""
 
     @property
     def abilities(self) -> list[str]:
@@ -201,7 +208,9 @@ def consolidate_scale(st: Store, chats: list[Path], cfg: Settings, copies: int) 
             users.append(user)
     out.ingest_s = time.perf_counter() - t0
     for user in users:
+        cpu = time.process_time()
         report = consolidate(st, cfg, users=[user], kind="bench-beam")
+        out.cpu_s += time.process_time() - cpu
         out.chats.append((user, report.counts.get("messages", 0), report.seconds))
         for k, v in report.timings.items():
             out.stages[k] = out.stages.get(k, 0.0) + v
@@ -212,7 +221,7 @@ def consolidate_scale(st: Store, chats: list[Path], cfg: Settings, copies: int) 
 
 
 def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: int,
-              cfg: Settings, ks: Sequence[int] = KS) -> ScaleResult:
+              cfg: Settings, ks: Sequence[int] = KS, nightly_users: int = 0) -> ScaleResult:
     """Consolidate one scale's chats into `store_dir` and score every strategy on them."""
     chats = chat_files(root / scale)
     if not chats:
@@ -231,32 +240,35 @@ def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: 
         no_evidence += none
     r = Retriever(st, cfg)
     vecs = r.embed([q["question"] for q in questions])
-    default = r.settings.default_strategy
-    first: dict[str, int] = {}
-    for i, q in enumerate(questions):
-        first.setdefault(q["user"], i)
-    cold = []
-    for user, i in first.items():  # the first query of each user builds its index
-        res = r.retrieve(user, vecs[i], k=max(ks), strategy=default, text=questions[i]["question"])
-        cold.append(res.signals["timings"]["retrieve_ms"])
-        for name in names:  # warm every strategy's caches before timing
-            r.retrieve(user, vecs[i], k=max(ks), strategy=name, text=questions[i]["question"])
-    abilities = sorted({q["ability"] for q in questions})
-    rows = []
-    for name in names:
-        uf = UpdateFirst()
-        row = evaluate(r, questions, vecs, name, ks, groups=abilities, key="ability", observe=uf)
-        rows.append({**row, **uf.row()})
+    with threadpool_limits(limits=1, user_api="blas"):   # single-threaded BLAS, as `mnemo serve` runs
+        default = r.settings.default_strategy
+        first: dict[str, int] = {}
+        for i, q in enumerate(questions):
+            first.setdefault(q["user"], i)
+        cold = []
+        for user, i in first.items():  # the first query of each user builds its index
+            res = r.retrieve(user, vecs[i], k=max(ks), strategy=default, text=questions[i]["question"])
+            cold.append(res.signals["timings"]["retrieve_ms"])
+            for name in names:  # warm every strategy's caches before timing
+                r.retrieve(user, vecs[i], k=max(ks), strategy=name, text=questions[i]["question"])
+        abilities = sorted({q["ability"] for q in questions})
+        rows = []
+        for name in names:
+            uf = UpdateFirst()
+            row = evaluate(r, questions, vecs, name, ks, groups=abilities, key="ability", observe=uf)
+            rows.append({**row, **uf.row()})
     memory = {t: sum(st.count_by_user(t).values()) for t in ("messages", "fragments", "insights", "topics",
                                                                "summaries")}
     return ScaleResult(scale=scale, chats=[beam_user(c) for c in chats], questions=questions,
                        no_evidence=no_evidence, missing_evidence=missing, rows=rows, cold_ms=cold,
                        consolidation=cons, default_strategy=default, memory=memory,
-                       peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                       peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                       nightly=bench_nightly(st, nightly_users, cfg) if nightly_users else "")
 
 
 def iter_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Sequence[str] | None = None,
-              copies: int = 1, store: str | None = None, settings: Settings | None = None) -> Iterator[ScaleResult]:
+              copies: int = 1, store: str | None = None, settings: Settings | None = None,
+              nightly_users: int = 0) -> Iterator[ScaleResult]:
     """Every requested scale (default: every scale folder under `path`), smallest first, each in its
     own store: `store/SCALE` when `store` is given (chats already consolidated there then cost
     nothing), else a temporary one. Arguments are checked before the first scale starts."""
@@ -272,14 +284,14 @@ def iter_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Seq
             raise ConfigError(f"no scale folder {root / scale} (found: {', '.join(scales_in(root)) or 'none'})",
                               path=str(root / scale))
     names = strategy_names(strategies, cfg.retrieval.default_strategy)
-    return _scales(root, todo, names, copies, store, cfg)
+    return _scales(root, todo, names, copies, store, cfg, nightly_users)
 
 
 def _scales(root: Path, todo: list[str], names: list[str], copies: int, store: str | None,
-            cfg: Settings) -> Iterator[ScaleResult]:
+            cfg: Settings, nightly_users: int = 0) -> Iterator[ScaleResult]:
     for scale in todo:
         with scratch_store(str(Path(store) / scale) if store else None, f"mnemo-beam-{scale}-") as st_dir:
-            yield run_scale(root, scale, st_dir, names, copies, cfg)
+            yield run_scale(root, scale, st_dir, names, copies, cfg, nightly_users=nightly_users)
 
 
 def run_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Sequence[str] | None = None,
@@ -290,11 +302,12 @@ def run_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Sequ
 
 
 def beam_reports(path: str, *, scales: Sequence[str] | None = None, strategies: Sequence[str] | None = None,
-                 copies: int = 1, store: str | None = None, settings: Settings | None = None) -> Iterator[str]:
+                 copies: int = 1, store: str | None = None, settings: Settings | None = None,
+                 nightly_users: int = 0) -> Iterator[str]:
     """The printed report of each scale as soon as it is measured (see `iter_beam`)."""
     anchors = Path(path) / "ANCHORS.md"
     for res in iter_beam(path, scales=scales, strategies=strategies, copies=copies, store=store,
-                         settings=settings):
+                         settings=settings, nightly_users=nightly_users):
         yield report(res, anchors, copies)
 
 
@@ -334,7 +347,8 @@ def consolidation_lines(c: Consolidation) -> list[str]:
     return [f"consolidation: {len(c.chats)} chats, {c.messages} messages, {c.seconds:.1f} s = "
             f"{c.seconds / n:.1f} s/chat (min {min(secs, default=0):.1f}, max {max(secs, default=0):.1f}), "
             f"{1000 * c.seconds / max(1, c.messages):.1f} ms/message; ingest {c.ingest_s:.1f} s, "
-            f"model load {c.model_load_s:.1f} s (both before the clock)",
+            f"model load {c.model_load_s:.1f} s (both before the clock); process CPU {c.cpu_s:.1f} s = "
+            f"{1000 * c.cpu_s / max(1, c.messages):.1f} ms/message",
             f"stages: {stages or 'none (already consolidated)'}",
             f"per chat: {per_chat}",
             f"peak RSS after consolidation {c.peak_mb:.0f} MiB (process max so far)"]
@@ -374,6 +388,6 @@ def report(res: ScaleResult, anchors: Path, copies: int = 1) -> str:
     lines += [f"cold first query ({res.default_strategy}) over {len(cold)} users: median "
               f"{median(cold) if cold else float('nan'):.1f} ms, max {max(cold, default=float('nan')):.1f} ms"]
     lines += consolidation_lines(res.consolidation)
-    lines += [f"peak RSS after retrieval {res.peak_mb:.0f} MiB", ""]
+    lines += [f"peak RSS after retrieval {res.peak_mb:.0f} MiB"] + ([res.nightly] if res.nightly else []) + [""]
     lines += anchor_lines(anchors, res.scale)
     return "\n".join(lines)

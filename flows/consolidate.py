@@ -30,7 +30,7 @@ from memory.errors import LLMTransientError
 from memory.ingest import ingest
 from memory.lease import run_lease
 from memory.pipeline import has_work
-from memory.runs import new_report, open_store, plan_shards
+from memory.runs import check_embedder, compact, compacted_tables, new_report, open_store, plan_shards
 from memory.settings import Settings, load_settings
 from memory.stages import STAGES, stage
 from memory.stages.commit import commit
@@ -142,7 +142,8 @@ def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, An
     start = time.perf_counter()
     store = open_store(settings)
     report = new_report(kind, settings)
-    shards = plan_shards(store, users, settings.shard_size)
+    check_embedder(store, embedder_for(settings))
+    shards = plan_shards(store, users, settings.shard_size, everyone=settings.rebuild_graph)
     logger.info("%s %s: %d shards of up to %d users", kind, report.run_id, len(shards), settings.shard_size)
     chains: dict[Any, tuple[list[str], list[Any]]] = {}
     stage_tasks = _stage_tasks()
@@ -172,13 +173,16 @@ def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, An
     if failed:
         report.status = "failed"
     store.upsert("runs", [report.runs_row()])
+    report.compaction = compact(store, settings, compacted_tables(report), always=kind == "backfill")
     logger.info(report.summary())
+    logger.info(report.compaction)
     if failed:
         logger.error("%d of %d shards failed; their users keep their watermarks and are redone next run",
                      len(failed), len(shards))
         raise failed[0][1]
     return {"run_id": report.run_id, "status": report.status, "summary": report.summary(),
-            "counts": report.counts, "outcome": report.outcome, "llm": report.llm}
+            "counts": report.counts, "outcome": report.outcome, "llm": report.llm,
+            "compaction": report.compaction}
 
 
 @task(name="train", task_run_name="train", cache_policy=NO_CACHE)

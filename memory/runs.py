@@ -1,7 +1,9 @@
 """Running consolidation over a store without Prefect, and the run record every command leaves.
 
 `flows/` runs the same stages as Prefect tasks; this module is what tests, benchmarks and a
-plain `python -c` use, and what both share: shard planning, run ids and the run summary.
+plain `python -c` use, and what both share: shard planning, run ids, the run summary, the embedder
+check, and compaction (`memory.nightly` decides, cheaply, whether a run has anything to do). The
+stages are imported only when a run consolidates, so a run with nothing to do stays light.
 """
 from __future__ import annotations
 
@@ -11,16 +13,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from memory.embed import embedder_for
+from memory.embed import Embedder, check_vectors_match, embedder_for
 from memory.ids import validate_user_id
 from memory.lease import run_lease
-from memory.pipeline import run_shard
-from memory.resources import backend_for
+from memory.nightly import pending_users
 from memory.settings import Settings
-from memory.stages.shard import ShardState
 from memory.store import Store
+
+if TYPE_CHECKING:
+    from memory.stages.shard import ShardState
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +38,21 @@ def open_store(settings: Settings) -> Store:
     return Store(settings.store, dim=embedder_for(settings).dim, write_lease_wait_s=settings.write_lease_wait_s)
 
 
-def plan_shards(store: Store, users: list[str] | None, shard_size: int) -> list[list[str]]:
-    """Users (all with messages, or the given ones) cut into shards of `shard_size`."""
-    chosen = sorted({validate_user_id(u) for u in users}) if users else store.users()
+def plan_shards(store: Store, users: list[str] | None, shard_size: int, *, everyone: bool = False) -> list[list[str]]:
+    """The users (of `users`, default all) that may owe work (`memory.nightly.pending_users`: a few
+    small reads, so a nightly run over many users costs what its users with new sessions cost), cut
+    into shards of `shard_size`. `everyone` (a graph rebuild): every given user, else every user with
+    messages."""
+    if everyone:
+        chosen = sorted({validate_user_id(u) for u in users}) if users else store.users()
+    else:
+        chosen = pending_users(store, users)
     size = max(1, shard_size)
     return [chosen[i:i + size] for i in range(0, len(chosen), size)]
 
 
+#: the keys of `RunReport.counts` (`ShardState.counts`), zero in a run whose users had nothing to do
+COUNTS = ("users", "sessions", "messages", "fragments", "clusters", "links", "insights", "quarantined")
 #: the keys of `RunReport.outcome`
 OUTCOMES = ("pending", "given_up", "retried", "recovered")
 
@@ -61,7 +72,7 @@ class RunReport:
     backend: str
     model: str
     users: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     llm: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -70,6 +81,8 @@ class RunReport:
     #: sessions (and users' summaries) left `pending` after a quarantine, `given_up` at the retry cap,
     #: `retried` from an earlier run's quarantine, and `recovered` (retried, nothing quarantined again)
     outcome: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    #: the store's data files after the run's compaction (`compact`), printed after the summary
+    compaction: str = ""
 
     def add(self, state: ShardState) -> None:
         self.users.extend(u for u in state.users if u not in self.users)
@@ -119,6 +132,8 @@ class RunReport:
 
 def new_report(kind: str, settings: Settings, run_id: str | None = None) -> RunReport:
     """An empty report of a new run, naming the run's LLM backend and model."""
+    from memory.resources import backend_for
+
     backend = backend_for(settings)
     return RunReport(run_id=run_id or new_run_id(kind), kind=kind, backend=backend.name, model=backend.model)
 
@@ -133,11 +148,14 @@ def consolidate(
     `shards`: the `plan_shards(store, users, settings.shard_size)` the caller already made (else
     planned here). Holds the store's run lease (`memory.lease`) throughout: while another run holds
     it, waits up to `settings.run_lease_wait_s`, then raises `RunInProgressError`."""
+    from memory.pipeline import run_shard
+
     with run_lease(store.uri, settings.run_lease_wait_s):
         start = time.perf_counter()
         report = new_report(kind, settings, run_id)
+        check_embedder(store, embedder_for(settings))
         if shards is None:
-            shards = plan_shards(store, users, settings.shard_size)
+            shards = plan_shards(store, users, settings.shard_size, everyone=settings.rebuild_graph)
         for shard in shards:
             state = run_shard(store, shard, settings, report.run_id)
             report.add(state)
@@ -145,5 +163,52 @@ def consolidate(
                 on_shard(state)
         report.seconds = time.perf_counter() - start
         store.upsert("runs", [report.runs_row()])
+        report.compaction = compact(store, settings, compacted_tables(report), always=kind == "backfill")
         log.info(report.summary())
         return report
+
+
+def recorded_embedder(store: Store) -> str | None:
+    """The embedder (`embed_model`) that wrote the store's message vectors; None before any was written.
+    One row is read (the first message with a vector): every run checks it, so they all agree."""
+    if not store.has_table("messages"):
+        return None
+    from lancedb.expr import col, lit
+
+    t = (store.table("messages").search().where(col("embed_model") != lit(""))  # NULL != '' is not true
+         .select(["embed_model"]).limit(1).to_arrow())
+    return str(t.column("embed_model")[0].as_py()) if t.num_rows else None
+
+
+def check_embedder(store: Store, embedder: Embedder) -> None:
+    """Refuse to consolidate with another embedder than the one that wrote the store's vectors
+    (`EmbedderMismatchError` naming both): vectors of two embedders are not comparable."""
+    check_vectors_match(recorded_embedder(store), embedder)
+
+
+#: tables every consolidation writes (compaction looks only at these and `runs`)
+WRITTEN = ("messages", "fragments", "clusters", "links", "insights", "quarantine", "progress", "watermarks",
+           "topics", "summaries", "graph_nodes", "graph_edges", "runs", "llm_cache", "sessions")
+
+
+def compact(store: Store, settings: Settings, tables: Iterable[str] = WRITTEN, *, always: bool = False) -> str:
+    """Compact after a run: every one of `tables` with more than `settings.compact_max_fragments` data
+    fragments (every table, `always`: after a backfill), deleting versions created over
+    `settings.cleanup_older_than_s` ago. Returns the line the run prints: data files per table, bytes."""
+    done = store.optimize(None if always else tables, min_fragments=0 if always else settings.compact_max_fragments,
+                          cleanup_older_than_s=settings.cleanup_older_than_s)
+    return files_line(store.data_files(), done)
+
+
+def compacted_tables(report: RunReport) -> tuple[str, ...]:
+    """What a run may have grown: every table it writes when it consolidated sessions, else `runs`."""
+    return WRITTEN if report.counts.get("sessions", 0) or report.outcome.get("retried", 0) else ("runs",)
+
+
+def files_line(files: dict[str, tuple[int, int]], compacted: list[str]) -> str:
+    """`store: 31 data files, 95.2 MB (fragments 2, messages 3, ...); compacted fragments, messages`."""
+    n = sum(f for f, _ in files.values())
+    size = sum(b for _, b in files.values())
+    per = ", ".join(f"{name} {f}" for name, (f, _) in files.items())
+    return (f"store: {n} data files, {size / 1e6:.1f} MB ({per}); "
+            + (f"compacted {', '.join(compacted)}" if compacted else "nothing compacted"))

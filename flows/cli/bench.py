@@ -92,14 +92,89 @@ def bench_beam(
                                "(consolidated too; questions asked of the first)"),
     store: Optional[str] = typer.Option(None, "--store", help="store root, one store per scale under it "
                                         "(default: temporary ones)"),
+    nightly_users: int = typer.Option(0, "--nightly-users", help="also time a nightly run adding one session "
+                                      "to one user of a store of N users cloned from the scale's vs a 1-user one"),
 ) -> None:
     """Evidence Recall@K per BEAM ability and strategy, update-first, retrieval latency and
     consolidation cost, one table per scale."""
     from evaluation.beam import beam_reports
 
     for i, text in enumerate(beam_reports(path, scales=csv(scales) or None, strategies=csv(strategies) or None,
-                                          copies=copies, store=store, settings=settings_of(ctx))):
+                                          copies=copies, store=store, settings=settings_of(ctx),
+                                          nightly_users=nightly_users)):
         typer.echo(("\n" if i else "") + text)
+
+
+def bench_appends(
+    ctx: typer.Context,
+    archive: Optional[str] = typer.Option(None, "--archive", help="archive consolidated for the reader's user "
+                                          "(default: examples/sample.jsonl)"),
+    fmt: str = typer.Option("jsonl", "--format", "-f"),
+    seconds: float = typer.Option(10.0, "--seconds", help="how long the writers and the reader run"),
+    batch: int = typer.Option(100, "--batch", help="turns per append batch"),
+    writers: int = typer.Option(1, "--writers", help="concurrent append clients (one user each)"),
+    readers: int = typer.Option(1, "--readers", help="concurrent retrieval clients (0: appends alone)"),
+    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+) -> None:
+    """Sustained appends over HTTP (batches of 100) with retrieval p50/p99 for another user meanwhile."""
+    from evaluation.appends import bench_appends as run
+
+    typer.echo(run(archive, fmt, seconds=seconds, batch=batch, writers=writers, readers=readers, store=store,
+                   settings=settings_of(ctx)))
+
+
+def bench_updates(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="BEAM folder holding SCALE/N/{chat,probing_questions}.json"),
+    scales: Optional[str] = typer.Option(None, "--scales", help="comma-separated, e.g. 100K,500K "
+                                         "(default: every scale folder under DIR)"),
+    store: Optional[str] = typer.Option(None, "--store", help="store root, one store per scale under it, "
+                                        "reused as it is (default: temporary ones, consolidated)"),
+) -> None:
+    """Update-first, updated-message Recall@10 and flagged contradictions on BEAM, with the validity
+    ordering on vs off (evaluation/updates.py)."""
+    from evaluation.updates import bench_updates as run
+
+    typer.echo(run(path, scales=csv(scales) or None, store=store, settings=settings_of(ctx)))
+
+
+def bench_llm(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="LoCoMo JSON file (its first conversation is used)"),
+    sessions: int = typer.Option(3, "--sessions", help="the conversation's first N sessions"),
+    model: str = typer.Option("smollm2-135m", "--model", help="packaged model of the local llama.cpp server "
+                              "(smollm2-135m | gemma3-270m; needs the local-llm extra)"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="use this OpenAI-compatible server instead "
+                                           "(model name from --llm-model / MNEMO_LLM_MODEL)"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="model name the --base-url server serves"),
+    max_tokens: int = typer.Option(192, "--max-tokens", help="answer token limit"),
+    concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="concurrencies tried for the server alone"),
+    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+) -> None:
+    """Consolidate a LoCoMo slice through a real LLM server: requests and tokens per session and stage,
+    parse failures, quarantine rate, junk fragments, Recall@10 next to rules and recorded observations,
+    and the LLM efficiency (pipeline tokens/s over the server's own best on the same requests)."""
+    from evaluation.llm import bench_llm as run
+
+    settings = settings_of(ctx).with_overrides(llm_model=llm_model)
+    typer.echo(run(path, sessions=sessions, model=model, base_url=base_url, max_tokens=max_tokens,
+                   concurrencies=[_int(c, "--concurrency") for c in csv(concurrency)], store=store,
+                   settings=settings))
+
+
+def bench_forget(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="LoCoMo JSON file"),
+    which: str = typer.Option("middle", "--which", help="the session forgotten per user: first | middle | last"),
+    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+) -> None:
+    """Forget one session per LoCoMo user: wall time, rows deleted and re-derived per table, LLM calls
+    paid and cache hits, bytes reclaimed, Recall@10 outside the forgotten sessions before vs after."""
+    from evaluation.forget import bench_forget as run
+
+    if which not in ("first", "middle", "last"):
+        raise typer.BadParameter(f"{which!r} is not one of first, middle, last", param_hint="--which")
+    typer.echo(run(path, which=which, store=store, settings=settings_of(ctx)))
 
 
 def _int(value: str, flag: str) -> int:
@@ -112,8 +187,12 @@ def _int(value: str, flag: str) -> int:
 def register(bench_app: typer.Typer) -> None:
     """Add every benchmark to the `bench` group."""
     bench_app.command("consolidate")(bench_consolidate)
+    bench_app.command("forget")(bench_forget)
     bench_app.command("locomo")(bench_locomo)
     bench_app.command("retrieval")(bench_retrieval)
     bench_app.command("incremental")(bench_incremental)
     bench_app.command("rerank")(bench_rerank)
     bench_app.command("beam")(bench_beam)
+    bench_app.command("llm")(bench_llm)
+    bench_app.command("updates")(bench_updates)
+    bench_app.command("appends")(bench_appends)

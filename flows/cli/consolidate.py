@@ -4,15 +4,22 @@ Flags override the settings read at the root; the resulting Settings go to the P
 (`flows.consolidate.run_flow`) or, with `--engine local`, to `memory.runs.consolidate` directly.
 Both hold the store's run lease for the whole run: while another run holds it (after waiting
 `run_lease_wait_s`), the command prints why and exits 75 ("skipped, still running").
+
+`consolidate` first asks `memory.nightly` whether any user (or the reranker) has work; when none
+has, it records the run and prints its summary without importing Prefect or loading a model, so a
+nightly run with nothing new costs the start of Python and a few small reads. Both print the
+store's data files per table after the run's compaction (`memory.runs.compact`).
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import typer
 
 from flows.cli.context import console, csv, finish_run, settings_of
 from memory.errors import ConfigError
+from memory.settings import Settings
 
 #: how `mnemo consolidate` runs the stages
 ENGINES = ("prefect", "local")
@@ -35,24 +42,51 @@ def consolidate(
     settings = settings_of(ctx).with_overrides(llm=llm, llm_model=llm_model, dask_local=dask_local,
                                                dask_address=dask_address, rebuild_graph=rebuild_graph or None)
     chosen = csv(users) or None
+    if not settings.rebuild_graph and nothing_to_do(settings, chosen):
+        return
     if engine == "local":
         from rich.progress import Progress
 
         from memory.runs import consolidate as run_local, open_store, plan_shards
 
         store = open_store(settings)
-        shards = plan_shards(store, chosen, settings.shard_size)
+        shards = plan_shards(store, chosen, settings.shard_size, everyone=settings.rebuild_graph)
         with Progress(console=console, transient=True) as progress:
             bar = progress.add_task("consolidating shards", total=len(shards))
             report = run_local(store, settings, on_shard=lambda _: progress.advance(bar), shards=shards)
         typer.echo(report.summary())
+        typer.echo(report.compaction)
         finish_run(report.status)
         return
     from flows.consolidate import run_flow
 
     result = run_flow("consolidate", settings, users=chosen)
     typer.echo(result["summary"])
+    if result.get("compaction"):
+        typer.echo(result["compaction"])
     finish_run(result["status"])
+
+
+def nothing_to_do(settings: Settings, users: list[str] | None) -> bool:
+    """When no user (of `users`, default all) may owe work and no feedback waits for the reranker:
+    record the run, print its summary and return True, all under the run lease, before Prefect or
+    a model loads (`memory.nightly`). False: the caller runs the consolidation."""
+    from memory.lease import run_lease
+    from memory.nightly import new_feedback, pending_users
+    from memory.runs import compact, new_report, open_store
+
+    start = time.perf_counter()
+    with run_lease(settings.store, settings.run_lease_wait_s):
+        store = open_store(settings)
+        if pending_users(store, users) or new_feedback(store, settings.retrieval.rerank_scope):
+            return False
+        report = new_report("consolidate", settings)
+        report.seconds = time.perf_counter() - start
+        store.upsert("runs", [report.runs_row()])
+        report.compaction = compact(store, settings, ("runs",))
+    typer.echo(report.summary())
+    typer.echo(report.compaction)
+    return True
 
 
 def backfill(
@@ -75,6 +109,8 @@ def backfill(
                       user_id=user)
     typer.echo(result["ingest"])
     typer.echo(result["summary"])
+    if result.get("compaction"):
+        typer.echo(result["compaction"])
     finish_run(result["status"])
 
 

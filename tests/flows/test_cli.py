@@ -19,8 +19,9 @@ from tests.helpers import REPO, SAMPLE
 
 #: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
 COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "doctor", "retrieve", "serve",
-            "train-reranker", "bench"}
-BENCHES = {"beam", "consolidate", "locomo", "retrieval", "incremental", "rerank"}
+            "train-reranker", "bench", "forget", "mcp"}
+BENCHES = {"beam", "consolidate", "locomo", "retrieval", "incremental", "rerank", "forget", "llm", "updates",
+           "appends"}
 
 
 def invoke(*args: str) -> Any:
@@ -123,6 +124,7 @@ def test_a_run_that_quarantined_work_exits_3(tmp_path: Path,
                                              flows_seen: list[tuple[str, Settings, dict[str, Any]]]) -> None:
     """A nightly cron tells "finished, but LLM work was set aside" (3) from success (0) and bad input (2)."""
     store = str(tmp_path / "store")
+    assert invoke("--store", store, "ingest", str(SAMPLE), "--format", "jsonl").exit_code == 0  # work to do
     out = invoke("--store", store, "consolidate", "--llm", "quarantining")
     assert out.exit_code == 3, out.output
     assert out.stdout == "consolidate summary\n" and "quarantined" in out.stderr
