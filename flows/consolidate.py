@@ -51,13 +51,15 @@ def resolve_settings(settings: Settings | None, overrides: dict[str, Any] | None
 
 
 @lru_cache(maxsize=4)
-def _store(uri: str, dim: int, write_lease_wait_s: float) -> Store:
-    return Store(uri, dim=dim, write_lease_wait_s=write_lease_wait_s)
+def _store(uri: str, dim: int, write_lease_wait_s: float, lease_backend: str, lease_ttl_s: float) -> Store:
+    return Store(uri, dim=dim, write_lease_wait_s=write_lease_wait_s, lease_backend=lease_backend,
+                 lease_ttl_s=lease_ttl_s)
 
 
 def _open(settings: Settings) -> Store:
     """One store handle per process (and Dask worker) and URI."""
-    return _store(settings.store, embedder_for(settings).dim, settings.write_lease_wait_s)
+    return _store(settings.store, embedder_for(settings).dim, settings.write_lease_wait_s, settings.lease_backend,
+                  settings.lease_ttl_s)
 
 
 def _transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -203,7 +205,7 @@ def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] |
     from new feedback (after every shard committed). `settings` defaults to the environment of the
     process running the flow; a deployment's `overrides` apply on top."""
     resolved = resolve_settings(settings, overrides)
-    with run_lease(resolved.store, resolved.run_lease_wait_s):
+    with run_lease(resolved.store, resolved.run_lease_wait_s, resolved.lease_backend, resolved.lease_ttl_s):
         return _consolidate(users, resolved)
 
 
@@ -226,7 +228,7 @@ def backfill_flow(path: str, fmt: str, overrides: dict[str, Any] | None = None,
     """A whole archive: ingest it, then consolidate its users shard by shard. Resumable: a re-run
     skips what was committed (watermarks) and re-pays no LLM call (response cache)."""
     resolved = resolve_settings(settings, overrides)
-    with run_lease(resolved.store, resolved.run_lease_wait_s):
+    with run_lease(resolved.store, resolved.run_lease_wait_s, resolved.lease_backend, resolved.lease_ttl_s):
         report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments,
                         user_id=user_id)
         get_run_logger().info(report.summary())
@@ -242,7 +244,7 @@ def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
     Prefect starts anything), then stops temporary Prefect servers left by killed runs and starts
     (and records) this process's own."""
     flows: dict[str, Any] = {"consolidate": consolidate_flow, "backfill": backfill_flow}
-    with run_lease(settings.store, settings.run_lease_wait_s):
+    with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         reap_orphans()
         start_recorded()
         result: dict[str, Any] = flows[name].with_options(task_runner=task_runner_for(settings))(

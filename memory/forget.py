@@ -110,7 +110,7 @@ def forget(store: Store, settings: Settings, user_id: str, *, sessions: Iterable
     start = time.perf_counter()
     started_at = datetime.now(timezone.utc)
     bytes_before = dir_bytes(store.uri)
-    with run_lease(store.uri, settings.run_lease_wait_s):
+    with run_lease(store.uri, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         unfinished = unfinished_intents(store, scope.user_id)
         run_id = unfinished[0]["id"] if unfinished else new_run_id("forget")
         recorded = merge_intents(unfinished)

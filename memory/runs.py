@@ -35,7 +35,8 @@ def new_run_id(kind: str) -> str:
 def open_store(settings: Settings) -> Store:
     """The store of these settings, sized for their embedder, its writes waiting up to
     `settings.write_lease_wait_s` for the store's writer lease."""
-    return Store(settings.store, dim=embedder_for(settings).dim, write_lease_wait_s=settings.write_lease_wait_s)
+    return Store(settings.store, dim=embedder_for(settings).dim, write_lease_wait_s=settings.write_lease_wait_s,
+                 lease_backend=settings.lease_backend, lease_ttl_s=settings.lease_ttl_s)
 
 
 def plan_shards(store: Store, users: list[str] | None, shard_size: int, *, everyone: bool = False) -> list[list[str]]:
@@ -150,7 +151,7 @@ def consolidate(
     it, waits up to `settings.run_lease_wait_s`, then raises `RunInProgressError`."""
     from memory.pipeline import run_shard
 
-    with run_lease(store.uri, settings.run_lease_wait_s):
+    with run_lease(store.uri, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         start = time.perf_counter()
         report = new_report(kind, settings, run_id)
         check_embedder(store, embedder_for(settings))

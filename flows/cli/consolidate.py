@@ -76,7 +76,7 @@ def nothing_to_do(settings: Settings, users: list[str] | None) -> bool:
     from memory.runs import compact, new_report, open_store
 
     start = time.perf_counter()
-    with run_lease(settings.store, settings.run_lease_wait_s):
+    with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         store = open_store(settings)
         if pending_users(store, users) or new_feedback(store, settings.retrieval.rerank_scope):
             return False

@@ -1,13 +1,17 @@
 """The `openai` backend: chat completions with a JSON-schema response format against any
-OpenAI-compatible server (`vllm serve`, hosted APIs).
+OpenAI-compatible server (`vllm serve`, llama.cpp's `llama_cpp.server`, hosted APIs).
 
-The whole batch is sent concurrently, at most `concurrency` requests in flight.
+The whole batch is sent concurrently, at most `concurrency` requests in flight. The request shape
+(the structured-output *dialect*, `memory.llm.structured`) is negotiated once per backend: the first
+request is tried in each dialect in turn until the server accepts one (a rejection naming a dialect
+field: `response_format`, `max_completion_tokens`...), and every later request uses that one.
 
 Retries happen in exactly one place per HTTP call: the loop in `OpenAIBackend` around each request.
 The SDK client is built with `max_retries=0`, so its own retries never stack with ours. A failed call
 is tried again, up to `max_retries` more times, only when :func:`is_retryable` says so: timeouts,
 connection errors, 408/409/429 and 5xx (:func:`classify` -> `transient`); 400/401/403/404/422 and any
-other 4xx are never retried. The wait (:func:`retry_delay`) honours the server's `Retry-After` /
+other 4xx are never retried, nor is a 5xx whose body is a request validation error (llama.cpp answers a
+body it cannot parse with HTTP 500 and pydantic's message: permanent, `rejected`). The wait (:func:`retry_delay`) honours the server's `Retry-After` /
 `Retry-After-Ms` (up to 60 s), else backs off exponentially (0.5 s doubling, at most 8 s, minus up to
 25 % jitter). A request that still fails comes back as `LLMResponse.failure(kind, message)` (see
 `memory.llm.base.ErrorKind`): the runner never re-sends it; it raises LLMTransientError / LLMError
@@ -23,16 +27,17 @@ import email.utils
 import logging
 import math
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import cast
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
-from openai.types.shared_params import ResponseFormatJSONSchema
 
 from memory.errors import ConfigError
 from memory.llm.base import ErrorKind, LLMBackend, LLMRequest, LLMResponse, register_backend
+from memory.llm.structured import DIALECTS, Dialect, chat_body, is_validation_error, names_a_dialect_field
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +56,26 @@ def classify(exc: BaseException) -> ErrorKind:
         return "transient"
     if isinstance(exc, openai.APIStatusError):
         code = exc.status_code
+        if code >= 500 and is_validation_error(error_text(exc)):
+            return "rejected"
         if code in (408, 409, 429) or code >= 500:
             return "transient"
         if code in (401, 403, 404):
             return "fatal"
         return "rejected"
     return "transient"
+
+
+def error_text(exc: BaseException) -> str:
+    """The server's error message and body as one string (what the dialect checks read)."""
+    return f"{exc} {getattr(exc, 'body', '') or ''}"
+
+
+def is_dialect_rejection(exc: BaseException) -> bool:
+    """Did the server refuse the request's shape (a field another dialect spells differently), rather
+    than its content or its own health? Such a request is worth sending once in the next dialect."""
+    return (isinstance(exc, openai.APIStatusError) and classify(exc) == "rejected"
+            and names_a_dialect_field(error_text(exc)))
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -137,6 +156,11 @@ class OpenAIBackend(LLMBackend):
         self.max_retries = max_retries
         self.max_tokens = max_tokens
         self.temperature = temperature
+        #: the dialect this server accepted (None until the first request got through)
+        self.dialect: Dialect | None = None
+        self._negotiating = threading.Lock()
+        #: HTTP calls tried again after a transient failure, over the backend's life (`mnemo bench llm`)
+        self.http_retries = 0
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r}, concurrency={self.concurrency})"
@@ -156,19 +180,44 @@ class OpenAIBackend(LLMBackend):
         # max_retries=0: the SDK never retries; `_call` is the one retry loop (see the module docstring)
         async with openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout_s,
                                       max_retries=0) as client:
-            responses = await asyncio.gather(*(self._one(client, limit, r) for r in requests))
+            head: list[LLMResponse] = []
+            if self.dialect is None:
+                with self._negotiating:  # other threads' batches wait for the first answer's dialect
+                    if self.dialect is None:
+                        head = [await self._negotiate(client, requests[0])]
+            rest = requests[len(head):]
+            responses = head + list(await asyncio.gather(*(self._one(client, limit, r) for r in rest)))
         failed = sum(r.error is not None for r in responses)
         if failed:
             log.warning("openai: %d of %d requests failed after retries (model %s)", failed, len(requests),
                         self.model)
         return list(responses)
 
+    async def _negotiate(self, client: openai.AsyncOpenAI, request: LLMRequest) -> LLMResponse:
+        """Send `request` in each dialect in turn until one is accepted; keep that one for the server."""
+        for n, dialect in enumerate(DIALECTS):
+            try:
+                completion = await self._call(client, request, dialect)
+            except openai.OpenAIError as exc:
+                if n + 1 < len(DIALECTS) and is_dialect_rejection(exc):
+                    log.info("openai: %s rejected the %s dialect (%s); trying %s", self.base_url, dialect.name,
+                             str(exc)[:_ERR_CHARS], DIALECTS[n + 1].name)
+                    continue
+                return failure(exc)
+            self.dialect = dialect
+            log.info("openai: %s speaks the %s structured-output dialect", self.base_url, dialect.name)
+            return self._response(request, completion)
+        raise AssertionError("unreachable: the last dialect returns")
+
     async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, request: LLMRequest) -> LLMResponse:
         async with limit:
             try:
-                completion = await self._call(client, request)
+                completion = await self._call(client, request, self.dialect or DIALECTS[0])
             except openai.OpenAIError as exc:
                 return failure(exc)
+        return self._response(request, completion)
+
+    def _response(self, request: LLMRequest, completion: ChatCompletion) -> LLMResponse:
         usage = completion.usage
         tokens_in, tokens_out = (usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else (0, 0)
         if not completion.choices:
@@ -178,29 +227,20 @@ class OpenAIBackend(LLMBackend):
             log.warning("openai: %s answer cut at max_tokens=%d", request.task, self.max_tokens)
         return LLMResponse(text=choice.message.content, tokens_in=tokens_in, tokens_out=tokens_out)
 
-    async def _call(self, client: openai.AsyncOpenAI, request: LLMRequest) -> ChatCompletion:
-        """One chat completion, tried again (up to `max_retries` times) while `is_retryable`."""
+    async def _call(self, client: openai.AsyncOpenAI, request: LLMRequest, dialect: Dialect) -> ChatCompletion:
+        """One chat completion in `dialect`, tried again (up to `max_retries` times) while `is_retryable`."""
         retries = 0
+        body = chat_body(request, dialect, max_tokens=self.max_tokens, temperature=self.temperature)
+        body["messages"] = cast(list[ChatCompletionMessageParam], body["messages"])
         while True:
             try:
-                return await client.chat.completions.create(
-                    model=self.model,
-                    messages=cast(list[ChatCompletionMessageParam], request.messages),
-                    response_format=cast(ResponseFormatJSONSchema, self.response_format(request)),
-                    max_completion_tokens=self.max_tokens,
-                    temperature=self.temperature,
-                )
+                return cast(ChatCompletion, await client.chat.completions.create(model=self.model, **body))
             except openai.OpenAIError as exc:
                 if retries >= self.max_retries or not is_retryable(exc):
                     raise
                 delay = retry_delay(retries, exc)
                 retries += 1
+                self.http_retries += 1  # a figure for reports, never read for control
                 log.info("openai: %s request failed (%s), retry %d of %d in %.2fs", request.task,
                          type(exc).__name__, retries, self.max_retries, delay)
                 await asyncio.sleep(delay)
-
-    @staticmethod
-    def response_format(request: LLMRequest) -> dict[str, Any]:
-        """The strict JSON-schema response format of `request`."""
-        return {"type": "json_schema",
-                "json_schema": {"name": request.task, "schema": request.schema, "strict": True}}

@@ -3,8 +3,11 @@
     answers, bad = LLMRunner(backend, ResponseCache(store)).run(requests)
 
 - Live backends (openai, vllm): every cache key is looked up in one read; only misses go to the
-  backend, as ONE batch (identical requests are sent once). Valid answers are written back in one
-  upsert, keyed by the original request, so a re-run or a retried Prefect task never pays twice.
+  backend, as ONE batch (identical requests are sent once). Answers are written back in one upsert,
+  keyed by their request, so a re-run or a retried Prefect task never pays twice. Invalid answers
+  are recorded too (and the re-ask's), so `replay` and a deterministic live backend (temperature 0)
+  repeat a quarantine from the record instead of paying for the same bad answer again; a valid re-ask
+  answer is recorded under the original request.
 - `replay`: the cache is the only source; the backend raises ReplayMissError for any miss.
 - Non-live backends (`rules`, test fakes): no cache.
 - An answer that is not JSON, violates `request.schema` or fails the `validate` callback (which
@@ -109,47 +112,37 @@ class LLMRunner:
             return answers, []
         model = self.backend.model
         keys = [r.cache_key(model) for r in requests]
+        calls_before = self.stats.calls
 
-        # 1. cache: one read for the whole batch
-        pending = list(range(len(requests)))
-        if self._reads_cache:
-            assert self.cache is not None
-            hits = self.cache.get_many(keys)
-            pending = []
-            for i, key in enumerate(keys):
-                row = hits.get(key)
-                answer, problem = (None, "miss") if row is None else check(row["response"], requests[i].schema,
-                                                                          validate)
-                if answer is None:
-                    if row is not None:
-                        log.warning("cached %s answer %s no longer validates (%s); asking again",
-                                    requests[i].task, key, problem)
-                    pending.append(i)
-                else:
-                    answers[i] = answer
-                    self.stats.cache_hits += 1
-
-        # 2. one batch for the misses; identical live requests are sent once
-        groups: dict[str, list[int]] = {}
-        for i in pending:
-            groups.setdefault(keys[i] if self.backend.live else str(i), []).append(i)
-        heads = [members[0] for members in groups.values()]
-        to_cache: list[dict[str, Any]] = []
+        # 1. recorded answers first (one cache read), the misses as ONE batch
+        first = self._fetch(requests, keys, validate)
+        to_cache: dict[str, dict[str, Any]] = {}
         failed: list[tuple[int, LLMResponse]] = []
         rejected: list[tuple[int, str]] = []
         bad: list[tuple[int, str | None, str]] = []
-        for i, resp in zip(heads, self._send([requests[i] for i in heads])):
-            self._sort(i, resp, requests[i], validate, answers, to_cache, keys, failed, rejected, bad)
-        all_rejected = len(heads) > 1 and len(rejected) == len(heads)
+        for i, resp in enumerate(first):
+            answer = self._sort(i, resp, requests[i], validate, failed, rejected, bad)
+            if answer is not None:
+                answers[i] = answer
+                self._record(to_cache, keys[i], requests[i], resp)
+        sent = {keys[i] for i, r in enumerate(first) if not r.cached}
+        all_rejected = len(sent) > 1 and {keys[i] for i, _ in rejected} == sent
 
-        # 3. one re-ask batch for invalid answers
+        # 2. one re-ask batch for invalid answers (also answered from the record where there is one)
         quarantined: list[Quarantined] = []
         if bad:
             self.stats.retries += len(bad)
             again = [_reask(requests[i], problem) for i, _, problem in bad]
+            again_keys = [r.cache_key(model) for r in again]
             still_bad: list[tuple[int, str | None, str]] = []
-            for (i, _, _), resp in zip(bad, self._send(again)):
-                self._sort(i, resp, requests[i], validate, answers, to_cache, keys, failed, rejected, still_bad)
+            for (i, _, _), req2, key2, resp2 in zip(bad, again, again_keys, self._fetch(again, again_keys, validate)):
+                answer = self._sort(i, resp2, requests[i], validate, failed, rejected, still_bad)
+                if answer is not None:
+                    answers[i] = answer  # a good second answer is recorded under the original request
+                    self._record(to_cache, keys[i], requests[i], resp2)
+                elif resp2.error is None:  # both invalid answers go on record, so a re-run or replay repeats this
+                    self._record(to_cache, keys[i], requests[i], first[i])
+                    self._record(to_cache, key2, req2, resp2)
             for i, raw, problem in still_bad:
                 quarantined.append(Quarantined(requests[i], raw, f"invalid answer after one re-ask: {problem}"))
                 log.warning("quarantined %s answer %s: %s; raw %r", requests[i].task, keys[i], problem,
@@ -158,32 +151,61 @@ class LLMRunner:
             quarantined.append(Quarantined(requests[i], None, f"rejected by the backend: {error}"))
             log.warning("quarantined %s request %s: backend rejected it: %s", requests[i].task, keys[i], error)
 
-        # 4. cacheable work first, then failures
+        # 3. cacheable work first, then failures
         if to_cache and self._writes_cache:
             assert self.cache is not None
-            self.cache.put_many(to_cache)
+            self.cache.put_many(list(to_cache.values()))
         if all_rejected:
             raise LLMError(
-                f"the {self.backend.name} backend rejected all {len(heads)} {requests[0].task} requests "
+                f"the {self.backend.name} backend rejected all {len(sent)} {requests[0].task} requests "
                 f"(first: {rejected[0][1]}); this looks like a configuration problem (model, server options), "
-                "not bad prompts", backend=self.backend.name, task=requests[0].task, failed=len(heads))
+                "not bad prompts", backend=self.backend.name, task=requests[0].task, failed=len(sent))
         self._raise_failures(requests, failed)
-
-        # duplicates share the answer (or the quarantine) of the request that was sent
-        bad_heads = {id(q.request): q for q in quarantined}
-        for members in groups.values():
-            for i in members[1:]:
-                answers[i] = copy.deepcopy(answers[members[0]])
-                q = bad_heads.get(id(requests[members[0]]))
-                if q is not None:
-                    quarantined.append(replace(q, request=requests[i]))
         self.stats.quarantined += len(quarantined)
-        log.info("llm %s: %d requests, %d cache hits, %d sent, %d re-asked, %d quarantined",
-                 requests[0].task, len(requests), len(requests) - len(pending), len(heads), len(bad),
-                 len(quarantined))
+        log.info("llm %s: %d requests, %d answered from the cache, %d sent (re-asks included), %d re-asked, "
+                 "%d quarantined", requests[0].task, len(requests), sum(r.cached for r in first),
+                 self.stats.calls - calls_before, len(bad), len(quarantined))
         return answers, quarantined
 
     # -- helpers --------------------------------------------------------------------------
+    def _fetch(self, requests: list[LLMRequest], keys: list[str],
+               validate: Callable[[dict[str, Any]], None] | None) -> list[LLMResponse]:
+        """One response per request: the recorded one where the cache holds a usable answer (marked
+        `cached`), the rest from one backend batch in which identical live requests are sent once.
+        A recorded answer that does not validate is used only by `replay` and by a deterministic live
+        backend (temperature 0: it would answer the same again); others ask again."""
+        out: list[LLMResponse | None] = [None] * len(requests)
+        if self._reads_cache:
+            assert self.cache is not None
+            hits = self.cache.get_many(keys)
+            reuse_invalid = not self.backend.live or getattr(self.backend, "temperature", None) == 0
+            for i, key in enumerate(keys):
+                row = hits.get(key)
+                if row is None:
+                    continue
+                if not reuse_invalid and check(row["response"], requests[i].schema, validate)[0] is None:
+                    log.warning("cached %s answer %s does not validate; asking again", requests[i].task, key)
+                    continue
+                out[i] = LLMResponse(text=row["response"], tokens_in=int(row.get("tokens_in") or 0),
+                                     tokens_out=int(row.get("tokens_out") or 0), cached=True)
+                self.stats.cache_hits += 1
+        groups: dict[str, list[int]] = {}
+        for i, resp in enumerate(out):
+            if resp is None:
+                groups.setdefault(keys[i] if self.backend.live else str(i), []).append(i)
+        for members, resp in zip(groups.values(), self._send([requests[m[0]] for m in groups.values()])):
+            for i in members:
+                out[i] = resp
+        return [r for r in out if r is not None]
+
+    def _record(self, to_cache: dict[str, dict[str, Any]], key: str, request: LLMRequest,
+                resp: LLMResponse) -> None:
+        """Put a fresh answer (valid or not: it is the record of what the model said) in the batch's
+        cache write; answers that came from the cache are not written again."""
+        if not resp.cached and resp.text is not None:
+            to_cache[key] = ResponseCache.row(key, backend=self.backend.name, model=self.backend.model,
+                                              request=request, response=resp)
+
     def _send(self, requests: list[LLMRequest]) -> list[LLMResponse]:
         if not requests:
             return []
@@ -197,23 +219,21 @@ class LLMRunner:
             self.stats.tokens_out += resp.tokens_out
         return responses
 
-    def _sort(self, i: int, resp: LLMResponse, request: LLMRequest,
-              validate: Callable[[dict[str, Any]], None] | None, answers: list[dict[str, Any] | None],
-              to_cache: list[dict[str, Any]], keys: list[str], failed: list[tuple[int, LLMResponse]],
-              rejected: list[tuple[int, str]], bad: list[tuple[int, str | None, str]]) -> None:
+    @staticmethod
+    def _sort(i: int, resp: LLMResponse, request: LLMRequest, validate: Callable[[dict[str, Any]], None] | None,
+              failed: list[tuple[int, LLMResponse]], rejected: list[tuple[int, str]],
+              bad: list[tuple[int, str | None, str]]) -> dict[str, Any] | None:
+        """The parsed answer of a valid response; else file the response under failed, rejected or bad."""
         if resp.error is not None:
             if resp.error_kind == "rejected":
                 rejected.append((i, resp.error))
             else:
                 failed.append((i, resp))
-            return
+            return None
         answer, problem = check(resp.text, request.schema, validate)
         if answer is None:
             bad.append((i, resp.text, problem or "invalid"))
-            return
-        answers[i] = answer
-        to_cache.append(ResponseCache.row(keys[i], backend=self.backend.name, model=self.backend.model,
-                                          request=request, response=resp))
+        return answer
 
     def _raise_failures(self, requests: list[LLMRequest], failed: list[tuple[int, LLMResponse]]) -> None:
         if not failed:
@@ -258,8 +278,11 @@ def _validator(schema_json: str) -> Any:
 
 
 def _strip_fence(text: str) -> str:
-    """Tolerate a ```json fence around the object (models without structured outputs add one)."""
+    """Tolerate a leading `<think>...</think>` block (reasoning models) and a ```json fence around the
+    object (models without structured outputs add one)."""
     s = text.strip()
+    if s.startswith("<think>") and "</think>" in s:
+        s = s.split("</think>", 1)[1].strip()
     if s.startswith("```") and s.endswith("```"):
         s = s[3:-3]
         s = s[4:] if s.startswith("json") else s

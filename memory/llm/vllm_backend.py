@@ -3,7 +3,9 @@
 One `chat` call per batch; vLLM schedules it. A batch may mix schemas, so every prompt gets its
 own sampling params (one object per distinct schema, a list paired with the prompts):
 `SamplingParams(max_tokens=..., temperature=..., structured_outputs=StructuredOutputsParams(json=schema))`.
-`max_tokens` is always set: vLLM's default is 16.
+`max_tokens` is always set: vLLM's default is 16. The constrained schema comes from the request
+builder the `openai` backend uses too (`memory.llm.structured.decoding_schema`), so both backends
+decode against the same schema and token limit, and the runner validates and quarantines both alike.
 
 The engine is loaded once per process and model (module cache) and lazily, on the first batch.
 Tests inject `llm=`, any object with `LLM.chat`'s signature returning RequestOutput-shaped objects;
@@ -20,6 +22,7 @@ from typing import Any
 
 from memory.errors import ConfigError, LLMError, OptionalDependencyError
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
+from memory.llm.structured import decoding_schema
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +107,10 @@ class VLLMBackend(LLMBackend):
         by_schema: dict[str, Any] = {}
         params = []
         for r in requests:
-            key = json.dumps(r.schema, sort_keys=True)
+            schema = decoding_schema(r, self.max_tokens)
+            key = json.dumps(schema, sort_keys=True)
             if key not in by_schema:
-                by_schema[key] = self.sampling_params(r.schema)
+                by_schema[key] = self.sampling_params(schema)
             params.append(by_schema[key])
         llm = self.llm
         with _CHAT_LOCKS.setdefault(id(llm), threading.Lock()):  # one batch at a time per engine

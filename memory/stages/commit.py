@@ -37,7 +37,7 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         for name, users in state.replace.items():
             store.delete(name, users_filter(users))
         for name, rows in state.extra.items():
-            written[name] = store.upsert(name, rows)
+            written[name] = written.get(name, 0) + store.upsert(name, rows)
         now = datetime.now(timezone.utc)
         progress, settled = settle(state, now)
         if settled and store.has_table("quarantine"):

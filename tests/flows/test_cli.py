@@ -173,7 +173,8 @@ def test_serve_flags_override_the_retrieval_section(monkeypatch: pytest.MonkeyPa
         return "retriever"
 
     monkeypatch.setattr(cli_retrieve, "open_retriever", open_retriever)
-    monkeypatch.setattr(flows.service, "serve", lambda r, host, port: served.append((r, host, port)))
+    monkeypatch.setattr(flows.service, "serve",
+                        lambda r, host, port, settings=None: served.append((r, host, port)))
     monkeypatch.setenv("MNEMO_RETRIEVAL_HOST", "0.0.0.0")
     monkeypatch.setenv("MNEMO_RETRIEVAL_PORT", "9000")
     monkeypatch.setenv("MNEMO_RETRIEVAL_TAU", "0.5")

@@ -3,6 +3,7 @@ through `LLMRunner` where retries and quarantine matter; the `vllm` backend agai
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from memory.errors import ConfigError, LLMError, LLMTransientError, OptionalDepe
 from memory.llm.base import LLMRequest
 from memory.llm.openai_backend import OpenAIBackend
 from memory.llm.runner import LLMRunner
+from memory.llm.structured import decoding_schema
 from memory.llm.vllm_backend import VLLMBackend, vllm_module
 
 SCHEMA = {
@@ -28,6 +30,10 @@ SCHEMA = {
     "additionalProperties": False,
 }
 OTHER_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+LLAMACPP_REJECTION = ("1 validation error for CreateChatCompletionRequest\nresponse_format.type\n  Input "
+                      "should be 'text' or 'json_object' [type=literal_error, input_value='json_schema']")
 
 
 def _request(text: str, schema: dict[str, Any] = SCHEMA, task: str = "extract") -> LLMRequest:
@@ -48,6 +54,7 @@ class Script:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    llamacpp: bool = False  # reject what llama-cpp-python's server rejects, the way it does
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next(self, body: dict[str, Any]) -> str:
@@ -76,6 +83,10 @@ def _app(state: dict[str, Script]) -> FastAPI:
         script = state["script"]
         body = await request.json()
         action = script.next(body)
+        if script.llamacpp and body.get("response_format", {}).get("type") != "json_object":
+            # llama-cpp-python 0.3.16: pydantic rejects the body, its error handler answers HTTP 500
+            return JSONResponse({"error": {"message": LLAMACPP_REJECTION, "type": "internal_server_error",
+                                           "param": None, "code": None}}, status_code=500)
         with script.lock:
             script.in_flight += 1
             script.max_in_flight = max(script.max_in_flight, script.in_flight)
@@ -137,9 +148,49 @@ def test_request_carries_model_and_json_schema(server: Any, script: Script) -> N
     (body,) = script.bodies
     assert body["model"] == "test-model"
     assert body["messages"][1] == {"role": "user", "content": "hello"}
+    bounded = decoding_schema(_request("hello", task="reason"), 123)  # the schema, bounded to fit 123 tokens
+    assert bounded["properties"]["answer"]["maxLength"] == 200
     assert body["response_format"] == {"type": "json_schema",
-                                       "json_schema": {"name": "reason", "schema": SCHEMA, "strict": True}}
+                                       "json_schema": {"name": "reason", "schema": bounded, "strict": True}}
     assert body["max_completion_tokens"] == 123 and body["temperature"] == 0.0
+
+
+def test_the_dialect_is_negotiated_once_per_server(server: Any, script: Script) -> None:
+    """llama.cpp rejects `json_schema` with a 500: the first request is sent again as `json_object` with
+    `max_tokens` (llama.cpp ignores `max_completion_tokens`), never retried as if the 500 were passing,
+    and every later request of the backend goes out in that dialect at once."""
+    script.llamacpp = True
+    backend = _backend(server, max_tokens=77)
+    responses = backend.complete([_request(f"q{i}") for i in range(4)])
+    assert [json.loads(r.text)["answer"] for r in responses] == ["q0", "q1", "q2", "q3"]
+    assert backend.dialect is not None and backend.dialect.name == "llama.cpp"
+    first, *rest = script.bodies
+    assert first["response_format"]["type"] == "json_schema" and len(rest) == 4
+    bounded = decoding_schema(_request("q0"), 77)
+    assert all(b["response_format"] == {"type": "json_object", "schema": bounded} and b["max_tokens"] == 77
+               and "max_completion_tokens" not in b for b in rest)
+    script.bodies.clear()
+    backend.complete([_request("again")])
+    assert [b["response_format"]["type"] for b in script.bodies] == ["json_object"]
+
+
+def test_a_validation_error_is_permanent_even_as_a_500() -> None:
+    import httpx
+    import openai
+
+    from memory.llm.openai_backend import classify, is_dialect_rejection
+
+    def status_error(code: int, message: str) -> openai.APIStatusError:
+        req = httpx.Request("POST", "http://x/v1/chat/completions")
+        body = {"message": message}
+        return openai.APIStatusError(message, response=httpx.Response(code, json={"error": body}, request=req),
+                                     body=body)
+
+    rejection = status_error(500, LLAMACPP_REJECTION)
+    assert classify(rejection) == "rejected" and is_dialect_rejection(rejection)
+    assert classify(status_error(500, "llama_decode returned -1")) == "transient"
+    assert not is_dialect_rejection(status_error(400, "Requested tokens (5000) exceed context window of 4096"))
+    assert is_dialect_rejection(status_error(400, "Unsupported parameter: 'max_completion_tokens'"))
 
 
 def test_concurrency_bound_is_respected(server: Any, script: Script) -> None:
@@ -290,7 +341,7 @@ def test_vllm_one_chat_call_per_batch_with_params_per_schema() -> None:
     params = call["sampling_params"]
     assert isinstance(params, list) and len(params) == 3
     assert all(p.max_tokens == 512 and p.temperature == 0.0 for p in params)
-    assert [_schema_of(p) for p in params] == [SCHEMA, OTHER_SCHEMA, SCHEMA]
+    assert [_schema_of(p) for p in params] == [decoding_schema(r, 512) for r in requests]
     assert params[0] is params[2]
     assert [json.loads(r.text)["answer"] for r in responses] == ["a", "b", "c"]
     assert all(r.tokens_in == 5 and r.tokens_out == 3 for r in responses)
@@ -306,3 +357,30 @@ def test_vllm_through_runner_caches_nothing_without_cache() -> None:
 def test_vllm_missing_is_an_optional_dependency_error() -> None:
     with pytest.raises(OptionalDependencyError, match="vllm"):
         VLLMBackend(model="some/model")
+
+
+def test_the_decoding_schema_fits_the_token_limit_and_stays_within_the_original() -> None:
+    """A small model repeating items must close its JSON before max_tokens: arrays and free strings are
+    bounded for decoding only; what validates against the bounded schema validates against the original."""
+    import jsonschema
+
+    from memory import prompts
+    from memory.llm.structured import CHARS_PER_TOKEN, decoding_schema, portable_pattern
+
+    request = prompts.extract_request({"user_id": "u", "session_id": "s", "participants": ["Ann"], "messages": [
+        {"message_id": "m1", "speaker": "Ann", "text": "I bought a bike.", "ts": "2024-03-02T10:00:00"}]})
+    small, large = decoding_schema(request, 192), decoding_schema(request, 2048)
+    item = small["properties"]["Factual_Information"]
+    assert item["maxItems"] == 1 and item["items"]["properties"]["value"]["maxLength"] == 24
+    assert large["properties"]["Factual_Information"]["maxItems"] >= 6
+    assert request.schema["properties"]["Factual_Information"].get("maxItems") is None  # the original is untouched
+    answer = {k: [{"subject": "Ann", "key": "bike", "value": "bought a bike", "message_id": "m1",
+                   "date": "2024-03-02"}] for k in prompts.CATEGORY_KEYS}
+    assert len(json.dumps(answer)) <= 192 * CHARS_PER_TOKEN
+    for schema in (small, large, request.schema):
+        jsonschema.validate(answer, schema)
+    assert item["items"]["properties"]["message_id"] == {"type": "string", "enum": ["m1"]}  # cites what it saw
+    unbounded = decoding_schema(dataclasses.replace(request, context={}))
+    assert unbounded == json.loads(json.dumps(request.schema).replace("\\\\d", "[0-9]"))
+    assert portable_pattern(r"^(?:Add\(\)|Merge\([0-2],\s*\S[\s\S]*\))$") == \
+        '^(Add\\(\\)|Merge\\([0-2], *[^ "\\\\][^"\\\\]*\\))$'

@@ -124,7 +124,31 @@ def test_semantic_validation_callback(store: Store) -> None:
     answers, bad = runner.run([_request("q1"), _request("ok")], validate=no_q)
     assert answers == [None, {"answer": "ok"}]
     assert len(bad) == 1 and "may not start with q" in bad[0].reason and bad[0].raw == '{"answer": "q1"}'
-    assert store.read("llm_cache").num_rows == 1  # invalid answers are not cached
+    # the invalid answer and its re-ask's are on record, but a live backend that may answer otherwise
+    # (no temperature 0) asks again; replay repeats the quarantine from the record
+    assert store.read("llm_cache").num_rows == 3
+    backend = ScriptedBackend()
+    again = LLMRunner(backend, ResponseCache(store))
+    assert again.run([_request("q1"), _request("ok")], validate=no_q)[0] == [None, {"answer": "ok"}]
+    assert again.stats.cache_hits == 1 and [[r.messages[-1]["content"][:2] for r in b] for b in backend.batches] \
+        == [["q1"], ["Yo"]]
+    replay = LLMRunner(ReplayBackend(model="fake-model"), ResponseCache(store))
+    answers, bad2 = replay.run([_request("q1"), _request("ok")], validate=no_q)
+    assert answers == [None, {"answer": "ok"}] and [q.raw for q in bad2] == ['{"answer": "q1"}']
+    assert bad2[0].reason == bad[0].reason and replay.stats.calls == 0
+
+
+def test_a_deterministic_live_backend_repeats_a_quarantine_from_the_record(store: Store) -> None:
+    class Greedy(ScriptedBackend):
+        temperature = 0.0
+
+    backend = Greedy(lambda r: LLMResponse(text='{"answer": ""}', tokens_out=3))
+    first = LLMRunner(backend, ResponseCache(store))
+    assert first.run([_request("a")])[0] == [None] and first.stats.calls == 2
+    again = LLMRunner(backend, ResponseCache(store))
+    answers, bad = again.run([_request("a")])
+    assert answers == [None] and len(bad) == 1 and bad[0].raw == '{"answer": ""}'
+    assert again.stats.calls == 0 and again.stats.cache_hits == 2 and len(backend.batches) == 2
 
 
 def test_quarantine_rows_fit_the_table(store: Store) -> None:
