@@ -173,6 +173,9 @@ class Settings(BaseModel):
     # PREMem linking
     theta: float = Field(0.6, description="centroid cosine above which clusters link (PREMem θ)")
     max_clusters: int = 8
+    #: fragments per side of a linked pair that `reason` sees, the nearest its cluster's centroid: a
+    #: pair's prompt (and the rules' pairwise checks) stay bounded however long the sessions are
+    reason_max_fragments: int = Field(32, ge=2)
 
     # MemWeaver
     rebuild_graph: bool = Field(False, description="rebuild each user's graph and summaries from scratch")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from memory import prompts
 from memory.ids import make_id
-from memory.stages.shard import Link, ShardState, StageContext, add_rows, all_fragments, merge_llm, timed
+from memory.stages.shard import Cluster, Link, ShardState, StageContext, add_rows, all_fragments, merge_llm, timed
 
 
 def reason(state: ShardState, ctx: StageContext) -> ShardState:
@@ -22,7 +24,8 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
             fragments = all_fragments(state, ctx.store)
             runner = ctx.runner()
             backend = runner.backend
-            requests = [prompts.reason_request(pair_context(lk, fragments)) for lk in state.links]
+            cap = ctx.settings.reason_max_fragments
+            requests = [prompts.reason_request(pair_context(lk, fragments, cap)) for lk in state.links]
             answers, bad = runner.run(requests)
             merge_llm(state, runner.stats)
             new_ids = {f["id"] for f in state.fragments}
@@ -31,7 +34,8 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
                     items = prompts.parse_reasoning(answer)
                     state.insights.extend(insight_rows(lk, items, run_id=state.run_id,
                                                        backend=backend.name, model=backend.model))
-                    closed = [fragments[i] for i in close_superseded(pair_context(lk, fragments), items, fragments)
+                    closed = [fragments[i] for i in close_superseded(pair_context(lk, fragments, cap), items,
+                                                                     fragments)
                               if i not in new_ids]
                     if closed:
                         add_rows(state, "fragments", closed)
@@ -43,18 +47,33 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
     return state
 
 
-def pair_context(link: Link, fragments: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def pair_context(link: Link, fragments: dict[str, dict[str, Any]], cap: int | None = None) -> dict[str, Any]:
     """The reasoning context of one linked pair: the fragments of p (earlier) and c (later); a late
-    session's cluster c that is older than p comes first."""
-    def view(ids: list[str]) -> list[dict[str, Any]]:
+    session's cluster c that is older than p comes first. With `cap`, each side keeps at most `cap`
+    fragments, those nearest its centroid, in their stored order."""
+    def view(cluster: Cluster) -> list[dict[str, Any]]:
+        ids = [i for i in cluster.member_ids if i in fragments]
+        if cap is not None and len(ids) > cap:
+            keep = set(nearest(cluster, ids, fragments, cap))
+            ids = [i for i in ids if i in keep]
         return [{k: fragments[i][k] for k in ("id", "subject", "category", "key", "content", "date",
-                                                "source_ids")} for i in ids if i in fragments]
+                                                "source_ids")} for i in ids]
 
     earlier, later = link.pool, link.new
     if earlier.session_ts > later.session_ts:  # a late session linked to a pool cluster after it
         earlier, later = later, earlier
     return {"user_id": link.new.user_id, "link_id": link.id,
-            "earlier": view(earlier.member_ids), "later": view(later.member_ids)}
+            "earlier": view(earlier), "later": view(later)}
+
+
+def nearest(cluster: Cluster, ids: list[str], fragments: dict[str, dict[str, Any]], n: int) -> list[str]:
+    """The `n` members of `cluster` whose vectors are nearest its centroid (cosine; ties by position)."""
+    c = np.asarray(cluster.centroid, dtype=np.float32)
+    vecs = np.stack([np.zeros_like(c) if fragments[i].get("vector") is None
+                     else np.asarray(fragments[i]["vector"], dtype=np.float32) for i in ids])
+    sims = vecs @ c / (np.linalg.norm(vecs, axis=1) * (np.linalg.norm(c) or 1.0) + 1e-12)
+    order = np.argsort(-sims, kind="stable")[:n]
+    return [ids[int(j)] for j in order]
 
 
 def close_superseded(pair: dict[str, Any], items: list[dict[str, Any]],
