@@ -143,7 +143,7 @@ def bench_llm(
     path: str = typer.Argument(..., help="LoCoMo JSON file (its first conversation is used)"),
     sessions: int = typer.Option(3, "--sessions", help="the conversation's first N sessions"),
     model: str = typer.Option("smollm2-135m", "--model", help="packaged model of the local llama.cpp server "
-                              "(smollm2-135m | gemma3-270m; needs the local-llm extra)"),
+                              "(smollm2-135m; needs the local-llm extra)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="use this OpenAI-compatible server instead "
                                            "(model name from --llm-model / MNEMO_LLM_MODEL)"),
     llm_model: Optional[str] = typer.Option(None, "--llm-model", help="model name the --base-url server serves"),
