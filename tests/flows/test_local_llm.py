@@ -1,5 +1,5 @@
 """A real LLM through the whole pipeline: llama-cpp-python's OpenAI-compatible server on loopback with
-SmolLM2-135M-Instruct (the `local-llm` extra), the sample archive (each user's first two sessions)
+SmolLM2-135M-Instruct (the `local-llm` extra), the example archive (`examples/sample.jsonl`, whole)
 consolidated with `--llm openai`.
 
 The tiny model answers badly; what is checked is the path: real requests from every LLM stage, real
@@ -80,24 +80,10 @@ def stage_of(task: str) -> str:
     return {"profile": "summarize"}.get(task, "topics" if task.startswith("topic") else task)
 
 
-def first_sessions(dst: Path, per_user: int = 2) -> Path:
-    """The sample archive cut to each user's first `per_user` sessions (a 135M model on 2 CPU cores
-    takes seconds to minutes per request; 4 sessions still give every stage its work)."""
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
-    keep: dict[str, list[str]] = {}
-    for r in sorted(rows, key=lambda r: r["timestamp"]):
-        sessions = keep.setdefault(r["user_id"], [])
-        if r["session_id"] not in sessions and len(sessions) < per_user:
-            sessions.append(r["session_id"])
-    dst.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] in keep[r["user_id"]]))
-    return dst
-
-
 def test_a_real_model_through_every_llm_stage(llama: LocalServer, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     root, pristine = tmp_path / "store", tmp_path / "ingested"
-    archive = first_sessions(tmp_path / "sample.jsonl")
-    ingested = CliRunner().invoke(app, ["--store", str(root), "ingest", str(archive), "--format", "jsonl"])
+    ingested = CliRunner().invoke(app, ["--store", str(root), "ingest", str(SAMPLE), "--format", "jsonl"])
     assert ingested.exit_code == 0, ingested.output
     shutil.copytree(root, pristine)
 
