@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -105,30 +105,23 @@ class Turns:
     def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
         """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
         for a statement that says something changed (`has_change_cue`): no fragment backs the turn."""
-        if not self.rows or self.z.shape[1] != vec.shape[0] or not has_change_cue(f) or not is_statement(f) \
-                or not quantities(str(f.get("content") or "")):
+        if not has_change_cue(f) or not is_statement(f) or not quantities(str(f.get("content") or "")):
             return []
-        sims = self.z @ vec
-        subject = str(f.get("subject") or "").lower()
-        own = set(f.get("source_ids") or [])
-        out = []
-        for j in np.argsort(-sims)[:MESSAGE_NEIGHBOURS].tolist():
-            m = self.rows[j]
-            if sims[j] < MESSAGE_MIN_SIM or m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
-                continue
-            if m["ts"].isoformat() >= since:
-                continue
-            for sentence in self.sentences(j):
-                old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
-                if decide(f, old, float(sims[j])) == "update":
-                    out.append(m["message_id"])
-                    break
-        return out
+        return self._older_turns(f, vec, since, "update", self.sentences)
 
     def contradicted(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
         """Message ids of older turns of `f`'s subject with a statement `f` contradicts (rules'
         `contradiction`: `f` says "never ..." of what the turn states)."""
-        if not self.rows or self.z.shape[1] != vec.shape[0] or not is_statement(f) or not says_never(f):
+        if not is_statement(f) or not says_never(f):
+            return []
+        return self._older_turns(f, vec, since, "contradiction",
+                                 lambda j: split_sentences(str(self.rows[j].get("text") or ""))[:MAX_SENTENCES])
+
+    def _older_turns(self, f: dict[str, Any], vec: np.ndarray, since: str, verdict: str,
+                     sentences: Callable[[int], list[str]]) -> list[str]:
+        """Message ids of the turns nearest `f` (same speaker as its subject, older than `since`, not
+        its own sources) one of whose `sentences` rules' `decide` judges `verdict` against `f`."""
+        if not self.rows or self.z.shape[1] != vec.shape[0]:
             return []
         sims = self.z @ vec
         subject = str(f.get("subject") or "").lower()
@@ -140,9 +133,9 @@ class Turns:
                 continue
             if m["ts"].isoformat() >= since:
                 continue
-            for sentence in split_sentences(str(m.get("text") or ""))[:MAX_SENTENCES]:
+            for sentence in sentences(j):
                 old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
-                if decide(f, old, float(sims[j])) == "contradiction":
+                if decide(f, old, float(sims[j])) == verdict:
                     out.append(m["message_id"])
                     break
         return out
