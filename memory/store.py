@@ -156,15 +156,23 @@ class Store:
 
     def upsert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
         """Insert or replace rows by `id`; returns the number of rows written."""
+        return self._write(name, data, merge=True)
+
+    def _write(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]], *, merge: bool) -> int:
+        """Conform, de-duplicate and write rows under the writer lease: a `merge_insert` on `id`, or a
+        plain add (`insert`)."""
         table = self.conform(name, data)
         if table.num_rows == 0:
             return 0
         table = _dedupe_last(table)
         with self.write_lease(), _write_lock(self.uri, name):
             tbl = self.table(name)
-            tbl.checkout_latest()  # upserts always start from the newest version (stale handles duplicate)
-            (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-             .execute(table, on_bad_vectors="null"))
+            tbl.checkout_latest()  # writes always start from the newest version (stale handles duplicate)
+            if merge:
+                (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+                 .execute(table, on_bad_vectors="null"))
+            else:
+                tbl.add(table, on_bad_vectors="null")
             self._ensure_user_index(name, tbl)
         return table.num_rows
 
@@ -181,16 +189,7 @@ class Store:
         """Append rows whose ids the caller checked are not stored, while it holds the writer lease
         (`memory.ingest`'s new messages): no merge, so the cost does not grow with the table (an
         upsert joins every stored id). Returns the number of rows written."""
-        table = self.conform(name, data)
-        if table.num_rows == 0:
-            return 0
-        table = _dedupe_last(table)
-        with self.write_lease(), _write_lock(self.uri, name):
-            tbl = self.table(name)
-            tbl.checkout_latest()
-            tbl.add(table, on_bad_vectors="null")
-            self._ensure_user_index(name, tbl)
-        return table.num_rows
+        return self._write(name, data, merge=False)
 
     def delete(self, name: str, where: Expr) -> None:
         with self.write_lease():
