@@ -51,6 +51,8 @@ META = pa.schema([("id", pa.string()), ("kind", pa.string()), ("text", pa.string
 #: the tables an index reads (the memory tables, then the graph's, read by the walk on first use)
 TRACKED: tuple[str, ...] = tuple(schemas.MEMORY_TABLES.values()) + ("graph_nodes", "graph_edges")
 ADDR = "_rowaddr"
+#: threads that read a user's tables in parallel and build its BM25 index
+_POOL = ThreadPoolExecutor(max_workers=len(schemas.MEMORY_TABLES) + 1, thread_name_prefix="mnemo-index")
 
 
 def rows_digest(addresses: pa.ChunkedArray | pa.Array) -> bytes:
@@ -166,41 +168,34 @@ _META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts"],
 
 def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None = None,
               versions: tuple[int, ...] = ()) -> UserIndex:
-    """Read one user's embedded memories of every kind (two scoped reads per table), each table at
-    its version in `versions` (aligned with `TRACKED`; empty: at the latest).
-
-    Metadata is read first; with `lexical=(k1, b)` the BM25 index is built in a thread (Polars and
-    LanceDB release the GIL) while the vectors are read, which is most of a cold query's cost.
-    """
+    """Read one user's embedded memories of every kind (one scoped read per table, the tables read
+    in parallel: LanceDB releases the GIL), each table at its version in `versions` (aligned with
+    `TRACKED`; empty: at the latest). With `lexical=(k1, b)` the BM25 index is built in a thread
+    while the vectors are converted."""
     start = time.perf_counter()
     user_id = validate_user_id(user_id)
     at = dict(zip(TRACKED, versions))
+    kinds_tables = list(schemas.MEMORY_TABLES.items())
+    reads = [_POOL.submit(store.read, table, user_id, version=at.get(table),
+                          columns=_META_COLS["message" if kind == "message" else "memory"] + ["vector", ADDR])
+             for kind, table in kinds_tables]
     metas, tables, digests = [], [], {}
     messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
                          "text": pa.array([], pa.string())})
-    for kind, table in schemas.MEMORY_TABLES.items():
-        cols = _META_COLS["message" if kind == "message" else "memory"]
-        t = store.read(table, user_id, columns=cols + ["vector", ADDR] if kind == "message" else cols + [ADDR],
-                       version=at.get(table))
+    for (kind, table), read in zip(kinds_tables, reads):
+        t = read.result()
         digests[table] = rows_digest(t.column(ADDR))
         t = t.drop_columns([ADDR])
         if kind == "message" and t.num_rows:
             messages = t.select(["message_id", "speaker", "text"])
-            t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
+        t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
         if t.num_rows == 0:
             continue
         metas.append(_message_meta(t) if kind == "message" else _memory_meta(t, kind))
-        tables.append((table, t))
+        tables.append(t)
     meta = pa.concat_tables(metas).combine_chunks() if metas else META.empty_table()
     future = _build_lexical(meta, lexical) if lexical and meta.num_rows else None
-    vecs = []
-    for table, t in tables:
-        if table == schemas.MEMORY_TABLES["message"]:
-            vecs.append(_vectors(t.column("vector"), store.dim))
-            continue
-        v = store.read(table, user_id, columns=["id", "vector"], version=at.get(table))
-        order = pc.index_in(t.column("id"), value_set=v.column("id").combine_chunks())
-        vecs.append(_vectors(v.column("vector").take(order), store.dim))
+    vecs = [_vectors(t.column("vector"), store.dim) for t in tables]
     z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
     names = [m.column("kind")[0].as_py() for m in metas]
     kinds = np.repeat(np.asarray(names, dtype=str), [m.num_rows for m in metas]) if metas \
@@ -224,13 +219,14 @@ def unchanged(store: Store, index: UserIndex, versions: tuple[int, ...]) -> bool
             continue                         # not moved, or never read (the graph before the first walk)
         if new < old:
             return False                     # the table was dropped and made again
+        if store.inserted_only(table, old, new, index.user_id):
+            continue                         # only other users' rows were added (appends): none moved
         t = store.read(table, index.user_id, columns=[ADDR], version=new)
         if rows_digest(t.column(ADDR)) != index.digests[table]:
             return False
     return True
 
 
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mnemo-bm25")
 
 
 def _build_lexical(meta: pa.Table, params: tuple[float, float]) -> Future[BM25Index]:
