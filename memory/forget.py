@@ -58,6 +58,7 @@ from memory.stages.commit import commit
 from memory.stages.shard import ShardState, StageContext, progress_id
 from memory.stages.topics import load_bank
 from memory.store import Store, user_filter
+from memory.text import turn_text
 
 #: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`)
 SESSION_TASKS = ("extract", "topics")
@@ -201,12 +202,12 @@ def rederive(store: Store, settings: Settings, p: Plan, run_id: str, report: For
 
 def known_vectors(store: Store, p: Plan) -> dict[str, np.ndarray]:
     """Stored vectors of the texts the re-run may embed again: the user's messages (as embedded,
-    `speaker: text`) and memories of sessions after W."""
+    `memory.text.turn_text`) and memories of sessions after W."""
     out: dict[str, np.ndarray] = {}
     gone = set(p.message_ids)
     for r in store.read("messages", p.user_id, columns=["message_id", "speaker", "text", "vector"]).to_pylist():
         if r["vector"] is not None and r["message_id"] not in gone:
-            out[f"{r['speaker']}: {r['text']}"] = np.asarray(r["vector"], dtype=np.float32)
+            out[turn_text(r["speaker"], r["text"])] = np.asarray(r["vector"], dtype=np.float32)
     for name in ("fragments", "insights", "summaries", "topics"):
         for r in store.read(name, p.user_id, columns=["text", "vector", "source_ids"]).to_pylist():
             if r["vector"] is not None and r["text"] and gone.isdisjoint(r["source_ids"] or []):

@@ -131,6 +131,13 @@ class RetrievalSettings(BaseModel):
     append_compact_every: int = Field(100, ge=0, description="the service compacts the tables appends write "
                                       "(messages, sessions, quarantine) in the background after this many "
                                       "append batches (0: never; every batch adds a data file)")
+    append_process: bool = Field(True, description="the service writes appends in a child process of its own "
+                                 "(memory.ingest.append_worker: no interpreter lock shared with retrieval); "
+                                 "off: in the serving process (always for memory:// stores)")
+    append_nice: int = Field(5, ge=0, le=19, description="CPU niceness added to that child, so queries are "
+                             "served first when the machine is busy (0: the server's priority)")
+    write_wait_s: float = Field(2.0, ge=0, description="how long a write through the service (append, "
+                                "feedback, forget) waits for the store's write lease before HTTP 503")
 
     def with_overrides(self, **overrides: Any) -> "RetrievalSettings":
         """A copy with the non-None overrides applied."""
@@ -169,6 +176,11 @@ class Settings(BaseModel):
     llm_temperature: float = 0.0
     max_llm_attempts: int = Field(3, ge=1, description="runs that may try a quarantined piece of LLM work "
                                   "(a session's extraction or topics, a user's summaries) before it is given up")
+
+    assistant_fragments_per_turn: int | None = Field(3, ge=0, description="fragments kept per assistant turn "
+                                                     "(retrieval.assistant_speakers) among those citing only "
+                                                     "assistant turns, the first extracted; None: all. Retrieval "
+                                                     "never searches them; they feed topics and insights")
 
     # PREMem linking
     theta: float = Field(0.6, description="centroid cosine above which clusters link (PREMem θ)")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from memory.stages.shard import ShardState, StageContext, all_fragments, timed
+from memory.text import turn_text
 
 #: an insight cites the message ids of at most this many parent fragments, the closest to it
 MAX_SOURCE_PARENTS = 3
@@ -17,7 +18,7 @@ def embed(state: ShardState, ctx: StageContext) -> ShardState:
     """Embed every new message and fragment of the shard in one batch."""
     with timed(state, "embed"):
         embedder = ctx.embedder
-        texts = [f"{m['speaker']}: {m['text']}" for m in state.message_rows] + [f["text"] for f in state.fragments]
+        texts = [turn_text(m["speaker"], m["text"]) for m in state.message_rows] + [f["text"] for f in state.fragments]
         vecs = embedder.embed(texts)
         n = len(state.message_rows)
         for row, vec in zip(state.message_rows, vecs[:n]):

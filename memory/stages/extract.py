@@ -1,6 +1,12 @@
 """The extract stage, PREMem step 1: categorized episodic fragments per pending session, from the LLM
 backend (one batch for the shard) or, for sessions with imported observations (LoCoMo's recorded
-extraction), from the observations with category, key phrase and date from the text heuristics."""
+extraction), from the observations with category, key phrase and date from the text heuristics.
+
+Of the fragments whose every source turn was said by an assistant (`RetrievalSettings.assistant_speakers`)
+each turn keeps its first `Settings.assistant_fragments_per_turn` (None: all): retrieval never
+searches them, and on assistant chats they are most of the fragments (BEAM: about 70 %, a long
+reply becomes dozens), hence most of the embedding; the few kept carry the reply's gist into the
+topics, clusters and insights that also cite the user's turns."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,6 +16,7 @@ from memory.dates import normalize_date
 from memory.ids import make_id
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
+from memory.settings import Settings
 from memory.stages.shard import SessionWork, ShardState, StageContext, merge_llm, quarantine_work, timed
 from memory.text import categorize, key_phrase
 
@@ -30,17 +37,37 @@ def extract(state: ShardState, ctx: StageContext) -> ShardState:
                 if answer is None:
                     continue
                 ids = {m["message_id"] for m in session.messages}
-                for item in dedupe_items(prompts.parse_extraction(answer, ids)):
+                items = dedupe_items(prompts.parse_extraction(answer, ids))
+                for item in about_the_user(items, session, ctx.settings):
                     state.fragments.append(fragment_row(session, item, run_id=state.run_id, backend=backend.name,
                                                         model=backend.model, prompt_version=prompts.EXTRACT_VERSION))
             for q, session in quarantined_sessions(bad, to_llm):
                 quarantine_work(state, q.row(session.user_id, state.run_id, session.session_id),
                                 session.user_id, session.session_id, "extract")
         for session in (s for s in state.sessions if s.observed and s.extracts):
-            for item in dedupe_items(observation_items(session)):
+            for item in about_the_user(dedupe_items(observation_items(session)), session, ctx.settings):
                 state.fragments.append(fragment_row(session, item, run_id=state.run_id, backend="observations",
                                                     model="recorded", prompt_version=OBSERVATION_VERSION))
     return state
+
+
+def about_the_user(items: list[dict[str, Any]], session: SessionWork, settings: Settings) -> list[dict[str, Any]]:
+    """The items in order, those sourced only from assistant turns capped per turn (see the module doc)."""
+    cap = settings.assistant_fragments_per_turn
+    voices = {v.lower() for v in settings.retrieval.assistant_speakers}
+    if cap is None or not voices:
+        return items
+    said = {m["message_id"] for m in session.messages if str(m.get("speaker") or "").lower() in voices}
+    kept: dict[tuple[str, ...], int] = {}
+    out = []
+    for it in items:
+        sources = tuple(it["source_ids"])
+        if sources and set(sources) <= said:
+            if kept.get(sources, 0) >= cap:
+                continue
+            kept[sources] = kept.get(sources, 0) + 1
+        out.append(it)
+    return out
 
 
 def quarantined_sessions(bad: list[Quarantined], sessions: list[SessionWork]) -> list[tuple[Quarantined, SessionWork]]:
