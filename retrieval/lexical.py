@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from scipy import sparse
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
@@ -38,29 +39,57 @@ def tokenize(text: str) -> list[str]:
     return [_fold(t) for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS]
 
 
+_STOP = pl.Series(sorted(STOP_WORDS))
+#: texts are tokenized in this many parts per Polars thread, run at once (`pl.collect_all`)
+PARTS_PER_THREAD = 2
+
+
+def text_parts(texts: pa.Array) -> list[tuple[int, int]]:
+    """(start, end) row ranges of about equal text length, a few per Polars thread: one long turn
+    can outweigh thousands of fragments, so equal row counts would leave threads idle."""
+    n = len(texts)
+    parts = max(1, min(n, pl.thread_pool_size() * PARTS_PER_THREAD))
+    if parts == 1:
+        return [(0, n)] if n else []
+    lengths = pc.fill_null(pc.utf8_length(texts), 0).to_numpy(zero_copy_only=False)
+    cuts = np.searchsorted(np.cumsum(lengths), np.linspace(0, lengths.sum(), parts + 1)[1:-1])
+    bounds = [0, *sorted(set(int(x) + 1 for x in cuts if 0 <= x < n - 1)), n]
+    return [(a, z) for a, z in zip(bounds, bounds[1:]) if z > a]
+
+
+def _tokens(texts: pa.Array, offset: int) -> pl.LazyFrame:
+    """(doc, term hash) of every token of `texts`, docs numbered from `offset` (see `tokenize`)."""
+    tok = pl.col("tok")
+    folded = pl.when((tok.str.len_chars() > 3) & tok.str.ends_with("s") & ~tok.str.ends_with("ss")) \
+        .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok)
+    return (pl.LazyFrame({"text": pl.Series("text", texts, dtype=pl.Utf8).fill_null("")})
+            .with_row_index("doc", offset=offset)
+            .select("doc", pl.col("text").str.to_lowercase().str.extract_all(TOKEN_RE).alias("tok"))
+            .explode("tok").drop_nulls("tok")
+            .filter(~tok.is_in(_STOP.implode()))
+            .select("doc", folded.hash().alias("h")))
+
+
 class BM25Index:
     """BM25 weights of every (memory, term) pair of one user's texts.
 
     Terms are identified by their Polars 64-bit hash (fixed seed), so building needs no string
-    group-by or vocabulary join: one sort of the hashes gives the columns, and SciPy's duplicate
-    summing gives the term frequencies. Queries hash their tokens the same way.
+    group-by or vocabulary join: the sorted distinct hashes are the columns, and SciPy's duplicate
+    summing gives the term frequencies. Queries hash their tokens the same way. The texts are
+    tokenized in parts of about equal length, run in parallel on Polars' threads (a cold query).
     """
 
     def __init__(self, texts: Sequence[str | None] | pa.Array | pa.ChunkedArray, k1: float = 1.2,
                  b: float = 0.75) -> None:
         self.n_docs = n = len(texts)
-        series = pl.Series("text", texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts),
-                           dtype=pl.Utf8)
-        tok = pl.col("tok")
-        folded = pl.when((tok.str.len_chars() > 3) & tok.str.ends_with("s") & ~tok.str.ends_with("ss")) \
-            .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok)
-        toks = (pl.DataFrame({"text": series.fill_null("")}).with_row_index("doc")
-                .select("doc", pl.col("text").str.to_lowercase().str.extract_all(TOKEN_RE).alias("tok"))
-                .explode("tok").drop_nulls("tok")
-                .filter(~tok.is_in(pl.Series(sorted(STOP_WORDS)).implode()))
-                .select("doc", folded.hash().alias("h")))
+        arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else \
+            texts if isinstance(texts, pa.Array) else pa.array(list(texts), pa.string())
+        parts = pl.collect_all([_tokens(arr.slice(a, z - a), a) for a, z in text_parts(arr)])
+        toks = pl.concat(parts) if parts else pl.DataFrame({"doc": [], "h": []},
+                                                          schema={"doc": pl.UInt32, "h": pl.UInt64})
         d = toks["doc"].to_numpy().astype(np.int64)
-        self.terms, c = np.unique(toks["h"].to_numpy(), return_inverse=True)
+        self.terms = toks["h"].unique().sort().to_numpy()
+        c = np.searchsorted(self.terms, toks["h"].to_numpy())
         n_terms = max(len(self.terms), 1)
         m = sparse.csr_matrix((np.ones(d.size, np.float32), (d, c.ravel())), shape=(n, n_terms))
         m.sum_duplicates()  # data = term frequency of each (doc, term)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from memory.settings import RetrievalSettings
-from retrieval import rfmem
+from retrieval import lexical, rfmem
 from retrieval.calibration import calibrate
 from retrieval.lexical import BM25Index, tokenize
 
@@ -114,6 +115,19 @@ def test_bm25_prefers_rare_matching_terms() -> None:
     assert s.argmax() == 0 and s[1] == 0 and s[2] == 0
     assert tokenize("The Paintings, of Sunrises!") == ["painting", "sunrise"]
     assert BM25Index([]).scores("anything").size == 0
+
+
+def test_bm25_built_in_parts_equals_one_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = ["a long turn about guitars and chords " * 200, None, "short guitar note", ""] + \
+        [f"fragment {i} about chords and guitars" for i in range(50)]
+    monkeypatch.setattr(lexical, "PARTS_PER_THREAD", 1)
+    monkeypatch.setattr(lexical.pl, "thread_pool_size", lambda: 1)
+    one = BM25Index(texts, b=0.9)
+    monkeypatch.setattr(lexical, "PARTS_PER_THREAD", 4)
+    monkeypatch.setattr(lexical.pl, "thread_pool_size", lambda: 2)
+    assert len(lexical.text_parts(pa.array(texts, pa.string()))) > 2     # the long turn does not hold up one part
+    parts = BM25Index(texts, b=0.9)
+    assert np.array_equal(one.terms, parts.terms) and abs(one.matrix - parts.matrix).max() == 0
 
 
 def test_calibration_places_thresholds_in_the_score_range(memory: tuple[np.ndarray, list[np.ndarray]]) -> None:
