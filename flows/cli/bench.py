@@ -5,18 +5,28 @@ consolidate use their own store (`--store`, default a temporary one) and the `ru
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from flows.cli.context import csv, settings_of
 
+#: the options and arguments several benchmarks share
+StoreDir = Annotated[Optional[str], typer.Option("--store", help="store dir (default: a temporary one)")]
+ScaleStores = Annotated[Optional[str], typer.Option("--store", help="store root, one store per scale under it; "
+                                                    "chats already consolidated there are reused "
+                                                    "(default: temporary ones)")]
+Scales = Annotated[Optional[str], typer.Option("--scales", help="comma-separated, e.g. 100K,500K,1M "
+                                               "(default: every scale folder under DIR)")]
+LocomoFile = Annotated[str, typer.Argument(help="LoCoMo JSON file")]
+BeamDir = Annotated[str, typer.Argument(help="BEAM folder holding SCALE/N/{chat,probing_questions}.json")]
+
 
 def bench_consolidate(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="LoCoMo JSON file"),
+    path: LocomoFile,
     fmt: str = typer.Option("locomo", "--format", "-f"),
-    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+    store: StoreDir = None,
 ) -> None:
     """Ingest + consolidate with the `rules` backend and print throughput figures."""
     from evaluation.consolidate import bench_consolidate as run
@@ -26,11 +36,11 @@ def bench_consolidate(
 
 def bench_locomo(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="LoCoMo JSON file"),
+    path: LocomoFile,
     extraction: str = typer.Option("rules", "--extraction", help="rules | observations"),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated [default: all]"),
     ks: str = typer.Option("5,10", "--k", help="comma-separated K values"),
-    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+    store: StoreDir = None,
 ) -> None:
     """Evidence Recall@K per LoCoMo category and strategy, with retrieval latency."""
     from evaluation.locomo import bench_locomo as run
@@ -52,7 +62,7 @@ def bench_retrieval(
 
 def bench_incremental(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="LoCoMo JSON file"),
+    path: LocomoFile,
     strategies: str = typer.Option("walk,hybrid-walk,rfmem-hybrid", "--strategies"),
 ) -> None:
     """Consolidate in two batches and compare Recall@10 with a rebuild of the same store."""
@@ -63,8 +73,8 @@ def bench_incremental(
 
 def bench_rerank(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="LoCoMo JSON file"),
-    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+    path: LocomoFile,
+    store: StoreDir = None,
     strategy: Optional[str] = typer.Option(None, "--strategy", help="base strategy [default: the default]"),
     scope: str = typer.Option("global", "--scope", help="global | user"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="passes over the feedback "
@@ -83,15 +93,13 @@ def bench_rerank(
 
 def bench_beam(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="BEAM folder holding SCALE/N/{chat,probing_questions}.json"),
-    scales: Optional[str] = typer.Option(None, "--scales", help="comma-separated, e.g. 100K,500K,1M "
-                                         "(default: every scale folder under DIR)"),
+    path: BeamDir,
+    scales: Scales = None,
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated (default: dense, "
                                              "familiarity, rfmem, rfmem-hybrid and the default strategy)"),
     copies: int = typer.Option(1, "--users-copies", help="file every chat under N distinct user ids "
                                "(consolidated too; questions asked of the first)"),
-    store: Optional[str] = typer.Option(None, "--store", help="store root, one store per scale under it "
-                                        "(default: temporary ones)"),
+    store: ScaleStores = None,
     nightly_users: int = typer.Option(0, "--nightly-users", help="also time a nightly run adding one session "
                                       "to one user of a store of N users cloned from the scale's vs a 1-user one"),
 ) -> None:
@@ -114,7 +122,7 @@ def bench_appends(
     batch: int = typer.Option(100, "--batch", help="turns per append batch"),
     writers: int = typer.Option(1, "--writers", help="concurrent append clients (one user each)"),
     readers: int = typer.Option(1, "--readers", help="concurrent retrieval clients (0: appends alone)"),
-    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+    store: StoreDir = None,
 ) -> None:
     """Sustained appends over HTTP (batches of 100) with retrieval p50/p99 for another user meanwhile."""
     from evaluation.appends import bench_appends as run
@@ -125,11 +133,9 @@ def bench_appends(
 
 def bench_updates(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="BEAM folder holding SCALE/N/{chat,probing_questions}.json"),
-    scales: Optional[str] = typer.Option(None, "--scales", help="comma-separated, e.g. 100K,500K "
-                                         "(default: every scale folder under DIR)"),
-    store: Optional[str] = typer.Option(None, "--store", help="store root, one store per scale under it, "
-                                        "reused as it is (default: temporary ones, consolidated)"),
+    path: BeamDir,
+    scales: Scales = None,
+    store: ScaleStores = None,
 ) -> None:
     """Update-first, updated-message Recall@10 and flagged contradictions on BEAM, with the validity
     ordering on vs off (evaluation/updates.py)."""
@@ -149,7 +155,7 @@ def bench_llm(
     llm_model: Optional[str] = typer.Option(None, "--llm-model", help="model name the --base-url server serves"),
     max_tokens: int = typer.Option(192, "--max-tokens", help="answer token limit"),
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="concurrencies tried for the server alone"),
-    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+    store: StoreDir = None,
 ) -> None:
     """Consolidate a LoCoMo slice through a real LLM server: requests and tokens per session and stage,
     parse failures, quarantine rate, junk fragments, Recall@10 next to rules and recorded observations,
@@ -164,9 +170,9 @@ def bench_llm(
 
 def bench_forget(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="LoCoMo JSON file"),
+    path: LocomoFile,
     which: str = typer.Option("middle", "--which", help="the session forgotten per user: first | middle | last"),
-    store: Optional[str] = typer.Option(None, "--store", help="store dir (default: a temporary one)"),
+    store: StoreDir = None,
 ) -> None:
     """Forget one session per LoCoMo user: wall time, rows deleted and re-derived per table, LLM calls
     paid and cache hits, bytes reclaimed, Recall@10 outside the forgotten sessions before vs after."""
