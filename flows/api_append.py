@@ -8,11 +8,15 @@ already stored with the same text is counted as a duplicate (re-sending a batch 
 other text quarantined. Answers: 200 with the counts; 413 for a body over
 `RetrievalSettings.append_max_bytes` (refused while it streams, by `retrieval.guard`) or more turns
 than `append_max_messages`; 422 for a malformed body or user id; 503 when the store's writer lease
-stayed busy (retry later). Every `append_compact_every` batches the tables appends write are
-compacted in the background (`memory.ingest.append.Compactor`), so reads stay fast under a stream.
+stayed busy for `write_wait_s` (retry later). Every `append_compact_every` batches the tables appends
+write are compacted in the background (`memory.ingest.append.Compactor`), so reads stay fast under a
+stream. With `append_process` (the default) the batches are written by a child process at
+`append_nice` (`memory.ingest.append_worker.AppendWorker`), so appends never hold the interpreter
+lock that retrieval needs; the route awaits it without holding a thread.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +26,7 @@ from pydantic import BaseModel, Field
 from memory.errors import AppendTooLargeError
 from memory.ingest import append
 from memory.ingest.append import Compactor
+from memory.ingest.append_worker import AppendWorker
 from retrieval.guard import allow_body
 from retrieval.retriever import Retriever
 
@@ -35,17 +40,32 @@ class AppendRequest(BaseModel):
 
 
 def register(app: FastAPI, retriever: Retriever) -> None:
-    """Add the append route (and its body limit) to the service app."""
+    """Add the append route (and its body limit) to the service app; with `append_process`, its
+    worker process too (started and stopped with the app)."""
     settings = retriever.settings
     allow_body(app, APPEND_PATHS, settings.append_max_bytes)
-    compactor = Compactor(retriever.store, settings.append_compact_every)
 
     @app.exception_handler(AppendTooLargeError)
     async def too_large(_: Request, exc: AppendTooLargeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=413)
 
+    if settings.append_process and not retriever.store.uri.startswith("memory://"):
+        worker = AppendWorker(retriever.store, wait_s=settings.write_wait_s,
+                              compact_every=settings.append_compact_every, nice=settings.append_nice)
+        app.router.on_startup.append(worker.start)
+        app.router.on_shutdown.append(worker.close)
+
+        @app.post("/v1/users/{user_id}/messages")
+        async def append_messages(user_id: str, body: AppendRequest) -> dict[str, Any]:
+            """Append a batch of the user's turns: counts, and the quarantined turns with their reasons."""
+            future = worker.submit(user_id, body.messages, settings.append_max_messages)
+            return (await asyncio.wrap_future(future)).to_dict()
+        return
+
+    compactor = Compactor(retriever.store, settings.append_compact_every)
+
     @app.post("/v1/users/{user_id}/messages")
-    def append_messages(user_id: str, body: AppendRequest) -> dict[str, Any]:
+    def append_messages_here(user_id: str, body: AppendRequest) -> dict[str, Any]:
         """Append a batch of the user's turns: counts, and the quarantined turns with their reasons."""
         report = append(retriever.store, user_id, body.messages, max_messages=settings.append_max_messages)
         if report.added:

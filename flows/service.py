@@ -2,9 +2,12 @@
 
 `retrieval.service` only reads (retrieve, context) and records feedback; writing routes (appends,
 forget) need the ingest and consolidation layers below `flows`, so they are added here, each by the
-`register(app, retriever)` function of its own module. `mnemo serve` runs this app.
+`register(app, retriever)` function of its own module. `mnemo serve` runs this app, its store's
+writes waiting at most `RetrievalSettings.write_wait_s` for the write lease (`configure_writes`).
 """
 from __future__ import annotations
+
+import gc
 
 from fastapi import FastAPI
 
@@ -34,4 +37,20 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
 
     threadpool_limits(limits=1, user_api="blas")
     torch.set_num_threads(1)   # in every thread (threadpoolctl's OpenMP limit holds for the calling one only)
-    uvicorn.run(create_app(retriever, settings), host=host, port=port, log_level="info")
+    configure_writes(retriever, settings)
+    app = create_app(retriever, settings)
+    retriever.embed(["warm up"])   # the embedder loaded now, not by the first query
+    # everything loaded so far (the model, the libraries: ~0.5 M objects) is moved out of the collector's
+    # reach: a full collection would otherwise scan it all, stopping every request for 0.2-0.4 s
+    gc.freeze()
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def configure_writes(retriever: Retriever, settings: Settings | None = None) -> None:
+    """Make the served store's writes wait at most `retrieval.write_wait_s` for the write lease (a
+    refused write answers 503 at once instead of holding a request thread for the default 30 s),
+    with the lease backend and lifetime of `settings` (those of every other writer of the store)."""
+    store = retriever.store
+    store.write_lease_wait_s = retriever.settings.write_wait_s
+    if settings is not None:
+        store.lease_backend, store.lease_ttl_s = settings.lease_backend, settings.lease_ttl_s

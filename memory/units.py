@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import threading
+import weakref
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -36,6 +37,9 @@ HIDDEN = ("units", "leases")
 SNAPSHOT_TRIES = 8
 
 _DEPTH = threading.local()   # store key -> units open in this thread
+#: store handle -> (units version, the marker at that version): `latest_marker`'s memo
+_MARKERS: "weakref.WeakKeyDictionary[Store, tuple[int, dict[str, Any] | None]]" = weakref.WeakKeyDictionary()
+_MARKERS_GUARD = threading.Lock()
 
 
 def _depths() -> dict[str, int]:
@@ -56,12 +60,21 @@ def table_versions(store: "Store") -> dict[str, int]:
 
 
 def latest_marker(store: "Store") -> dict[str, Any] | None:
-    """The store's commit marker as last published (None: no unit ever)."""
+    """The store's commit marker as last published (None: no unit ever). Kept per store and `units`
+    version: every write and every reader's snapshot asks, and the marker only moves with units, so
+    most calls cost one version check instead of a read (the table is never dropped)."""
     version = store.version(UNITS)      # the newest, whatever the handle's consistency interval
     if version == 0:
         return None
+    with _MARKERS_GUARD:
+        known = _MARKERS.get(store)
+    if known is not None and known[0] == version:
+        return dict(known[1]) if known[1] is not None else None
     rows = store.read(UNITS, columns=["seq", "state", "label", "versions_json", "holder"], version=version).to_pylist()
-    return max(rows, key=lambda r: r["seq"] or 0) if rows else None
+    marker = max(rows, key=lambda r: r["seq"] or 0) if rows else None
+    with _MARKERS_GUARD:
+        _MARKERS[store] = (version, marker)
+    return dict(marker) if marker is not None else None
 
 
 def publish(store: "Store", state: str, users: Iterable[str], label: str, seq: int) -> dict[str, Any]:

@@ -14,8 +14,9 @@ unknown memory kind, out-of-range number or bad body 422; query longer than `max
 unknown users get an empty result (200).
 
 Writes (feedback here, appends and forgets of `flows.service`) take the store's write lease
-(`memory.lease`) and wait up to `Settings.write_lease_wait_s` for it: while a consolidation commits a
-shard they are only delayed. A write that still cannot have it gets **503** with `Retry-After:
+(`memory.lease`) and wait for it up to the store's `write_lease_wait_s` (`mnemo serve` sets it to
+`RetrievalSettings.write_wait_s`, 2 s: `flows.service.configure_writes`): while a consolidation
+commits a shard they are only delayed. A write that still cannot have it gets **503** with `Retry-After:
 RETRY_AFTER_BUSY_S` (`StoreBusyError`: another writer held the lease too long); a write route that
 must not run during a consolidation (`RunInProgressError`) gets **409** with `Retry-After:
 RETRY_AFTER_RUN_S`. Both are safe to retry as they are (every write is an idempotent upsert by id).

@@ -122,13 +122,15 @@ def bench_appends(
     batch: int = typer.Option(100, "--batch", help="turns per append batch"),
     writers: int = typer.Option(1, "--writers", help="concurrent append clients (one user each)"),
     readers: int = typer.Option(1, "--readers", help="concurrent retrieval clients (0: appends alone)"),
+    rate: float = typer.Option(1000.0, "--rate", help="messages/s the writers offer together "
+                               "(0: as fast as answered)"),
     store: StoreDir = None,
 ) -> None:
     """Sustained appends over HTTP (batches of 100) with retrieval p50/p99 for another user meanwhile."""
     from evaluation.appends import bench_appends as run
 
-    typer.echo(run(archive, fmt, seconds=seconds, batch=batch, writers=writers, readers=readers, store=store,
-                   settings=settings_of(ctx)))
+    typer.echo(run(archive, fmt, seconds=seconds, batch=batch, writers=writers, readers=readers, rate=rate,
+                   store=store, settings=settings_of(ctx)))
 
 
 def bench_updates(

@@ -1,16 +1,20 @@
 """POST /v1/users/{user_id}/messages on a real uvicorn server on loopback (flows.service's whole app):
-counts and quarantine reasons, idempotent re-sends, 413 / 422 / 401, its own body limit, and the
-appended turns retrievable over HTTP after the next consolidation."""
+counts and quarantine reasons, idempotent re-sends, 413 / 422 / 401, its own body limit, 503 after the
+service's short write wait (in the append worker process and in the serving one), and the appended
+turns retrievable over HTTP after the next consolidation."""
 from __future__ import annotations
 
 from typing import Any, Callable, ContextManager, Iterator
 
+import time
+
 import httpx
 import pytest
 
-from flows.service import create_app
+from flows.service import configure_writes, create_app
 from memory.embed import Embedder
 from memory.ingest import REUSED_ID
+from memory.lease import write_lease
 from memory.runs import consolidate
 from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
@@ -78,3 +82,23 @@ def test_appended_turns_are_retrieved_after_consolidation(served: tuple[str, Sto
         consolidate(store, Settings(store=store.uri))
         res = c.post("/v1/users/bob/retrieve", json={"query": "Where is Bob's sister moving?", "k": 5}).json()
         assert any("bob-live-1" in it["source_ids"] for it in res["items"])
+
+
+@pytest.mark.parametrize("in_worker", [True, False], ids=["worker-process", "serving-process"])
+def test_a_busy_store_answers_503_after_the_short_write_wait(sample_store: Store, embedder: Embedder,
+                                                             serve_app: Callable[..., ContextManager[str]],
+                                                             in_worker: bool) -> None:
+    settings = Settings(store=sample_store.uri, retrieval=RetrievalSettings(write_wait_s=0.5,
+                                                                            append_process=in_worker))
+    r = Retriever(sample_store, settings, embedder=embedder)
+    configure_writes(r, settings)                 # what `mnemo serve` does: the store's writes wait 0.5 s
+    with serve_app(create_app(r, settings), access_log=False) as url, httpx.Client(base_url=url, timeout=60) as c:
+        assert c.post("/v1/users/carl/messages", json={"messages": turns(1, session="carl")}).status_code == 200
+        with write_lease(sample_store.uri, wait_s=5):   # another writer holds the lease
+            start = time.perf_counter()
+            res = c.post("/v1/users/carl/messages", json={"messages": turns(2, session="carl")})
+            waited = time.perf_counter() - start
+        assert res.status_code == 503 and res.headers["Retry-After"] == "2", res.text
+        assert waited < 5, f"a refused append held its request {waited:.1f} s"
+        again = c.post("/v1/users/carl/messages", json={"messages": turns(2, session="carl")}).json()
+        assert (again["added"], again["duplicates"]) == (1, 1)

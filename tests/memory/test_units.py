@@ -1,7 +1,8 @@
 """Multi-table units (`Store.unit`, `memory.units`) on a real LanceDB store: a reader pinning
 `Store.snapshot` sees a unit whole or not at all, while it is open, while a real consolidation
 commits shard after shard in another process, and after its holder was killed with `kill -9`; plain
-writes stay visible at once."""
+writes stay visible at once; the marker is read once per version of it, not once per write or
+snapshot."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
+from memory import units
 from memory.doctor import check
 from memory.ingest import ingest
 from memory.store import Store
@@ -130,3 +134,31 @@ def test_a_reader_polling_during_a_consolidation_never_sees_half_a_commit(tmp_pa
           f"reading the latest versions instead: {latest_bad} half-seen")
     assert marks == 12 and polls > 0
     assert check(store).ok
+
+
+def test_the_marker_is_read_once_per_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write (its lease) and every snapshot asks for the marker: a store handle reads the `units`
+    table again only when another unit moved it, here or in another handle."""
+    writer, reader = Store(str(tmp_path), dim=384), Store(str(tmp_path), dim=384)
+    with writer.unit(["alice"], "first"):
+        writer.upsert("fragments", [{"id": "f1", "user_id": "alice", "text": "x"}])
+    marker_reads: list[int] = []
+    real = reader.read
+
+    def counted(name: str, *args: object, **kwargs: object) -> object:
+        marker_reads.extend([1] if name == units.UNITS else [])
+        return real(name, *args, **kwargs)   # type: ignore[arg-type]
+
+    monkeypatch.setattr(reader, "read", counted)
+    first = units.latest_marker(reader)
+    for _ in range(5):
+        reader.snapshot(["fragments"])
+        reader.upsert("feedback", [{"id": "fb", "user_id": "alice"}])   # a plain write: no new marker
+    assert first is not None and first["state"] == "closed" and first["label"] == "first"
+    assert len(marker_reads) == 1
+    with writer.unit(["alice"], "second"):                              # another handle moves it
+        inside = units.latest_marker(reader)
+    assert inside is not None and inside["state"] == "open" and inside["label"] == "second"
+    last = units.latest_marker(reader)
+    assert last is not None and last["state"] == "closed" and last["seq"] == first["seq"] + 2
+    assert len(marker_reads) == 3
