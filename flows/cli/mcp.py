@@ -21,11 +21,13 @@ def mcp(
     """Serve the memory as MCP tools, each scoped to the user id it is given."""
     from flows.cli.retrieve import open_retriever
     from flows.mcp import run
+    from flows.service import configure_writes
 
     if transport not in TRANSPORTS:
         raise ConfigError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
     settings = settings_of(ctx)
     r = open_retriever(settings)
+    configure_writes(r, settings)   # a refused append waits write_wait_s, not the library's 30 s
     run(r, "http" if transport == "http" else "stdio", host or settings.retrieval.host, port or 8766)
 
 
