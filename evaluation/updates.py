@@ -82,11 +82,12 @@ def flagged(res: RetrievalResult, a: set[str], b: set[str]) -> bool:
     return False
 
 
-def ensure_examined(st: Store, users: Sequence[str]) -> dict[str, int]:
-    """Run the supersede decisions on fragments never examined (an older store); totals."""
+def ensure_examined(st: Store, users: Sequence[str], skip: Sequence[str] | None = None) -> dict[str, int]:
+    """Run the supersede decisions on fragments never examined (an older store, or one decided by an
+    older rules version); totals. `skip`: the assistants' speaker names (their turns are not searched)."""
     total: dict[str, int] = {}
     for u in users:
-        for key, n in supersede_user(st, u).items():
+        for key, n in supersede_user(st, u, skip).items():
             total[key] = total.get(key, 0) + n
     return total
 
@@ -149,7 +150,7 @@ def run_scale(root: Path, scale: str, store_dir: str, cfg: Settings) -> dict[str
         if st.has_table("watermarks") else set()
     if not all(u in done for u in users):
         consolidate_scale(st, [c for c in chats if beam_user(c) not in done], cfg, 1)
-    examined = ensure_examined(st, users)
+    examined = ensure_examined(st, users, cfg.retrieval.assistant_speakers)
     prep_s = time.perf_counter() - t0
     questions: list[dict[str, Any]] = []
     sides: list[tuple[str, str, set[str], set[str]]] = []

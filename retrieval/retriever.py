@@ -230,8 +230,9 @@ class Retriever:
         result.items = [_item(r, sc) for r, sc in zip(index.rows(rows), scores.tolist())]
         if s.validity:
             looked: dict[str, tuple[str, str]] = {}
+            returned = {it.id for it in result.items}
             for it in result.items:
-                for name, value in annotate(index, it.id, looked).items():
+                for name, value in annotate(index, it.id, looked, returned).items():
                     setattr(it, name, value)
         p = index.memo("profile-row", lambda: profile_row(index))
         if p is not None:

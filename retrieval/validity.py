@@ -1,21 +1,29 @@
 """What is current (issue 12): the ordering the retriever applies after any strategy, and the
 history and contradictions `context()` shows.
 
-A returned memory that holds a replaced statement keeps its place in the ranking but the current
-version is put right above it, pulled in from lower down or from outside the result. A memory
-holds a replaced statement when it is a fragment closed by a newer one (`superseded_by`, written by
-the supersede stage), or it cites a message that such a fragment cites, or one that a newer
-fragment names in `replaces_sources`; the current version is the end of the `superseded_by` chain,
-always above a replaced fragment, above any other memory only when the query matches it about as
-well (cosine within `RELEVANCE_MARGIN`): a turn says many things, and only the changed one should move. A fragment
-that contradicts another (`contradicts`, either side; for a message, the fragment of it the query
-matches best) gets its counterpart right below it, so both reach the answering model and context
-flags them. The result keeps `k` items: what is pulled in pushes the tail out.
+A returned memory that holds a replaced statement keeps its place in the ranking but a newer version
+is put right above it, pulled in from lower down or from outside the result. A memory holds a
+replaced statement when it is a fragment closed by a newer one (`superseded_by`, written by the
+supersede stage; the newer one may be a turn's message row), or it cites a message that such a
+fragment cites, or one that a newer fragment names in `replaces_sources`. The version put above it
+is the one of its newer versions (the `superseded_by` chain up to the current one; for a turn, also
+the turns they cite) the query matches best: a rule can link a wrong successor, and the query
+decides which newer version it asks about. For a turn or a memory citing one it moves only when the
+query matches it about as well (cosine within `RELEVANCE_MARGIN`) or at least as well as the
+result's least similar memory (a turn says many things; only the changed one should move), and a
+version not in the result is pulled in only for a replaced memory in the top `PULL_DEPTH` of the k.
+
+A fragment that contradicts another (`contradicts`, either side; for a message, the fragment of it
+the query matches best; `contradicts_sources`: the fragment and its turns against the other turn)
+gets its counterpart right below it: of several, one already in the result, else the one the query
+matches best if it matches at least as well as the result's least similar memory. Both then reach
+the answering model and context flags them. The result keeps `k` items: what is pulled in pushes
+the tail out.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +31,15 @@ import pyarrow.compute as pc
 
 from retrieval.index import UserIndex
 
-__all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN"]
+__all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH"]
 
 #: superseded_by links followed to find the current version (a guard against cycles)
 MAX_CHAIN = 16
 #: a current version is pulled above a memory when cos(query, it) >= cos(query, memory) - this
 RELEVANCE_MARGIN = 0.0
+#: a newer version is pulled in from outside the result only for a replaced memory in this top share
+#: of the k (what is pulled in pushes the tail out; a replaced memory at the tail is marginal)
+PULL_DEPTH = 0.5
 _COLUMNS = ["id", "source_ids", "valid_from", "valid_until", "superseded_by", "contradicts", "replaces_sources",
             "contradicts_sources"]
 
@@ -48,7 +59,8 @@ class Validity:
     #: `replaces_sources`)
     replaced_in: dict[str, list[str]] = field(default_factory=dict)
     #: memory id (a fragment, or a message's row) -> the memory ids it contradicts, either side, for
-    #: contradictions with a turn (`contradicts_sources`)
+    #: contradictions with a turn (`contradicts_sources`: the fragment and the turns it cites against
+    #: that turn)
     against: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -64,6 +76,17 @@ class Validity:
                 break
             cur = nxt
         return cur
+
+    def newer(self, memory_id: str) -> list[str]:
+        """The `superseded_by` chain after `memory_id`: its replacement, that one's, ... the current."""
+        out: list[str] = []
+        cur = memory_id
+        for _ in range(MAX_CHAIN):
+            cur = self.superseded_by.get(cur, "")
+            if not cur or cur == memory_id or cur in out:
+                break
+            out.append(cur)
+        return out
 
     def history(self, memory_id: str) -> list[str]:
         """The ids `memory_id` replaced, newest first, transitively."""
@@ -110,11 +133,13 @@ def _load(index: UserIndex) -> Validity:
             v.replaced_in.setdefault(s, []).append(fid)
         if r["contradicts_sources"]:
             turns = turn_rows(index)
+            own = [str(index.meta.column("id")[turns[s]].as_py()) for s in r["source_ids"] or [] if s in turns]
             for s in r["contradicts_sources"]:
                 if s in turns:
                     mid = str(index.meta.column("id")[turns[s]].as_py())
-                    v.against.setdefault(fid, []).append(mid)
-                    v.against.setdefault(mid, []).append(fid)
+                    for a in [fid] + [o for o in own if o != mid]:   # the fragment, and its own turns
+                        v.against.setdefault(a, []).append(mid)
+                        v.against.setdefault(mid, []).append(a)
         if r["contradicts"]:
             v.contradicts.setdefault(fid, r["contradicts"])
             v.contradicts.setdefault(r["contradicts"], fid)
@@ -169,23 +194,26 @@ def effective(index: UserIndex, v: Validity, row: int, vec: np.ndarray, ids: lis
 
 
 def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory_id: str | None,
-                sources: list[str], row_of: dict[str, int]) -> int | None:
-    """The index row of the current version to put above `row`, if any (see the module doc)."""
-    if memory_id is not None and memory_id in v.superseded_by:       # the replaced fragment itself
-        return row_of.get(v.current(memory_id))
-    found = []
+                sources: list[str], row_of: dict[str, int], floor: float = 1.0) -> int | None:
+    """The index row of the current version to put above `row`, if any (see the module doc);
+    `floor`: the query cosine of the result's least similar memory (a newer version that matches
+    the query at least that well earns its place on its own)."""
+    closed = memory_id is not None and memory_id in v.superseded_by
+    found = v.newer(memory_id) if closed and memory_id is not None else []
     for s in sources:
-        found += [v.current(n) for n in v.replaced_in.get(s, [])]
+        for n in v.replaced_in.get(s, []):
+            found += [n] + v.newer(n)
     rows = [row_of[f] for f in dict.fromkeys(found) if f != memory_id and f in row_of]
     turns = turn_rows(index)                      # the newer turns those fragments cite compete too
-    cited = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist() if rows else []
+    cited = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist() \
+        if rows and not closed else []           # (a closed fragment gets a fragment, with its history)
     rows += [turns[c] for cs in cited for c in cs or [] if c in turns and c not in sources]
     rows = [r for r in dict.fromkeys(rows) if r != row]
     if not rows:
         return None
     sims = index.z[np.asarray(rows, dtype=np.int64)] @ vec
     best = int(np.argmax(sims))
-    if sims[best] < float(index.z[row] @ vec) - RELEVANCE_MARGIN:
+    if not closed and sims[best] < min(float(index.z[row] @ vec) - RELEVANCE_MARGIN, floor):
         return None
     return rows[best]
 
@@ -204,11 +232,13 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     out: list[tuple[int, float]] = []
     placed: set[int] = set()
     pulled = paired = 0
+    floor = float(np.min(index.z[rows] @ vec))
+    taken_rows = set(rows.tolist())
     for i, (row, score) in enumerate(zip(rows.tolist(), scores.tolist())):
         if row in placed:
             continue
-        crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of)
-        if crow is not None and crow not in placed:
+        crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of, floor)
+        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH):
             out.append((crow, score))
             placed.add(crow)
             pulled += 1
@@ -219,8 +249,10 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
         for mid in (ids[i], fid):
             others += v.against.get(mid or "", [])
         orows = [row_of[o] for o in dict.fromkeys(others) if o in row_of and row_of[o] not in placed]
-        if orows:
-            best = orows[int(np.argmax(index.z[np.asarray(orows, dtype=np.int64)] @ vec))]
+        inside = [o for o in orows if o in taken_rows]           # a counterpart already returned first
+        sims = index.z[np.asarray(inside or orows, dtype=np.int64)] @ vec if orows else np.zeros(0)
+        if orows and (inside or float(sims.max()) >= floor):
+            best = (inside or orows)[int(np.argmax(sims))]
             out.append((best, score))
             placed.add(best)
             paired += 1
@@ -230,10 +262,12 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             np.asarray([s for _, s in out], dtype=np.float32), signals)
 
 
-def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]) -> dict[str, Any]:
+def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]],
+             returned: Collection[str] = ()) -> dict[str, Any]:
     """Validity fields of one returned memory for `RetrievedItem`: valid_from/until, superseded_by,
     the versions it replaced (`history`: text and date, newest first) and the memory it
-    contradicts (`contradiction`). `texts` caches id -> (text, date) lookups."""
+    contradicts (`contradiction`; of several, one among the `returned` ids if any). `texts` caches
+    id -> (text, date) lookups."""
     v = validity_of(index)
     if v.empty:
         return {}
@@ -258,7 +292,9 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     history = [h for h in (look(m) for m in v.history(memory_id)) if h is not None]
     if history:
         out["history"] = history
-    counterpart = v.contradicts.get(memory_id) or next(iter(v.against.get(memory_id, [])), None)
+    others = v.against.get(memory_id, [])
+    counterpart = v.contradicts.get(memory_id) or next((o for o in others if o in returned), None) or \
+        next(iter(others), None)
     if counterpart is not None:
         other = look(counterpart)
         if other is not None:

@@ -11,11 +11,18 @@ here; LLM backends decide in the reason stage (a transformation insight names th
 supersedes), so this stage then only stamps `valid_from`. A late fragment older than a stored one it
 changes is itself closed by the stored one.
 
+Turns (`Turns`, `plan_turns`): statements extraction missed are compared turn against turn, the
+user's turns only (not `RetrievalSettings.assistant_speakers`'); a newer turn with no fragment
+keeps its link on the older turn's fragment (closed with `superseded_by` = the newer turn's message
+row, or given the newer turn in `contradicts_sources`).
+
 `supersede_user` runs the same decisions on an already consolidated store for one user (fragments
-never examined, `supersede_version` null), writing the changed rows: idempotent.
+never examined, `supersede_version` null, or decided by an older rules version), writing the
+changed rows: idempotent.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import datetime
 from typing import Any, Callable, Iterable
@@ -24,14 +31,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, decide, has_change_cue, is_statement,
+from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, decide, is_statement,
                                          quantities, says_never)
+from memory.settings import RetrievalSettings
 from memory.stages.shard import ShardState, StageContext, add_rows, has_stored, timed
 from memory.store import Store
 from memory.text import split_sentences
 
 __all__ = ["supersede", "supersede_user", "plan", "NEIGHBOURS", "MIN_SIM", "MAX_CANDIDATES"]
 
+#: how the rules' versions start (`SUPERSEDE_VERSION`); LLM prompt versions are never re-decided here
+RULES_PREFIX = "rules-supersede-"
 #: vector neighbours examined per new fragment
 NEIGHBOURS = 8
 #: cosine under which a vector neighbour is not a candidate
@@ -41,6 +51,8 @@ MAX_CANDIDATES = 32
 #: older turns of the fragment's subject searched for a statement extraction missed (by cosine)
 MESSAGE_NEIGHBOURS = 8
 MESSAGE_MIN_SIM = 0.4
+#: older turns one "never ..." statement is recorded against (the nearest by vector)
+MAX_CONTRADICTED = 3
 #: sentences of one turn read for a contradiction (its opening: where a turn states its situation)
 MAX_SENTENCES = 4
 
@@ -85,14 +97,38 @@ def _candidates(i: int, z: np.ndarray, keys: dict[tuple[str, str], list[int]],
 class Turns:
     """One user's turns with vectors, searched for older statements of a fragment's subject that
     no fragment holds (extraction missed them): a changed quantity there is recorded on the newer
-    fragment as `replaces_sources`."""
+    fragment as `replaces_sources`. Candidates are the nearest turns by vector and the turns with
+    a sentence holding the same quantity (an inverted index over their sentences' quantities, like
+    the fragments'): a turn that mostly holds code or another topic is still found."""
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        rows = [m for m in rows if m.get("vector") is not None and m.get("ts") is not None]
+    def __init__(self, rows: list[dict[str, Any]], skip: Iterable[str] = ()) -> None:
+        voices = {v.lower() for v in skip}       # assistants' turns: not the user's facts, never searched
+        rows = [m for m in rows if m.get("vector") is not None and m.get("ts") is not None
+                and str(m.get("speaker") or "").lower() not in voices]
         self.rows = rows
         self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
             np.zeros((0, 1), dtype=np.float32)
         self._sentences: dict[int, list[str]] = {}
+        self._qindex: dict[tuple[str, str], set[int]] | None = None
+
+    def same_quantity(self, f: dict[str, Any]) -> list[int]:
+        """Turns (positions) with a sentence sharing at least two (unit, context word) keys with a
+        quantity of `f`, most shared first."""
+        if self._qindex is None:
+            self._qindex = defaultdict(set)
+            for j in range(len(self.rows)):
+                for sentence in self.sentences(j):
+                    for q in quantities(sentence):
+                        for word in q.context:
+                            self._qindex[(q.unit, word)].add(j)
+        hits: dict[int, int] = defaultdict(int)
+        for q in quantities(str(f.get("content") or "")):
+            units = {q.unit} | ({w for w in q.context} if not q.unit else set())
+            for word in q.context:
+                for unit in units:
+                    for j in self._qindex.get((unit, word), ()):
+                        hits[j] += 1
+        return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= 2][:MAX_CANDIDATES]
 
     def sentences(self, j: int) -> list[str]:
         """The statements of turn j that hold a number (cached)."""
@@ -104,9 +140,9 @@ class Turns:
 
     def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
         """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
-        for a statement that says something changed (`has_change_cue`): no fragment backs the turn."""
-        if not has_change_cue(f) or not is_statement(f) or not quantities(str(f.get("content") or "")):
-            return []
+        for a statement that gives a quantity a new value (`decide`): no fragment backs the turn."""
+        if not is_statement(f) or not quantities(str(f.get("content") or "")):
+            return []                       # `decide` asks a change cue of unitless numbers and dates
         return self._older_turns(f, vec, since, "update", self.sentences)
 
     def contradicted(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
@@ -120,16 +156,26 @@ class Turns:
     def _older_turns(self, f: dict[str, Any], vec: np.ndarray, since: str, verdict: str,
                      sentences: Callable[[int], list[str]]) -> list[str]:
         """Message ids of the turns nearest `f` (same speaker as its subject, older than `since`, not
-        its own sources) one of whose `sentences` rules' `decide` judges `verdict` against `f`."""
+        its own sources) one of whose `sentences` rules' `decide` judges `verdict` against `f`; for an
+        update only the one nearest by vector (a new value replaces one older statement of it)."""
         if not self.rows or self.z.shape[1] != vec.shape[0]:
             return []
         sims = self.z @ vec
         subject = str(f.get("subject") or "").lower()
         own = set(f.get("source_ids") or [])
-        out = []
-        for j in np.argsort(-sims)[:MESSAGE_NEIGHBOURS].tolist():
+        out: list[str] = []
+        order = np.argsort(-sims).tolist()
+        if verdict == "update":
+            near = [j for j in order[:MESSAGE_NEIGHBOURS] if sims[j] >= MESSAGE_MIN_SIM]
+            same = self.same_quantity(f)
+        else:                                    # "never ..." sentences are rare: every older turn
+            near, same = order, []
+        cap = 1 if verdict == "update" else MAX_CONTRADICTED
+        for j in sorted(dict.fromkeys(near + same), key=lambda j: -float(sims[j])):
+            if len(out) >= cap:
+                break
             m = self.rows[j]
-            if sims[j] < MESSAGE_MIN_SIM or m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
+            if m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
                 continue
             if m["ts"].isoformat() >= since:
                 continue
@@ -138,37 +184,73 @@ class Turns:
                 if decide(f, old, float(sims[j])) == verdict:
                     out.append(m["message_id"])
                     break
-        return out
+        return out             # a new value replaces one statement, the nearest; a denial a few
 
 
 def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
                version: str = SUPERSEDE_VERSION) -> dict[str, dict[str, Any]]:
-    """Turn against turn, for the statements extraction missed on both sides: each sentence of a
-    `todo` turn (message ids) that says something changed about a quantity is compared with the
-    older turns of its speaker (`Turns.replaced`); the older turns it updates are added to the
-    `replaces_sources` of a fragment citing the newer turn (its carrier: retrieval then pulls the
-    newer turn, or the carrier, above the older turn). Returns the changed fragments by id."""
-    carriers: dict[str, dict[str, Any]] = {}
+    """Turn against turn, for the statements extraction missed: each sentence of a `todo` turn
+    (message ids) that gives a quantity a new value is compared with the older turns of its speaker
+    (`Turns.replaced`), each "never ..." sentence likewise (`Turns.contradicted`). The link is kept
+    on a fragment citing the newer turn (`replaces_sources` / `contradicts_sources`: the older
+    turns); when the newer turn has none, on the older turn's fragments: one holding the replaced
+    value is closed with `superseded_by` = the newer turn's message row (a memory too), one stating
+    what the newer turn denies gets the newer turn in `contradicts_sources`. Returns the changed
+    fragments by id."""
+    carriers: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for f in frags:
         for sid in f.get("source_ids") or []:
-            carriers.setdefault(sid, f)
+            carriers[sid].append(f)
     at = {m["message_id"]: j for j, m in enumerate(turns.rows)}
     changed: dict[str, dict[str, Any]] = {}
+
+    def add(f: dict[str, Any], field: str, ids: list[str]) -> None:
+        new = [i for i in ids if i not in (f.get(field) or [])]
+        if new:
+            f[field] = list(f.get(field) or []) + new
+            f["supersede_version"] = version
+            changed[f["id"]] = f
+
     for mid in dict.fromkeys(todo):
-        j, carrier = at.get(mid), carriers.get(mid)
-        if j is None or carrier is None:
+        j = at.get(mid)
+        if j is None:
             continue
-        m = turns.rows[j]
+        m, own = turns.rows[j], carriers.get(mid, [])
         since = m["ts"].isoformat()
-        for sentence in turns.sentences(j):
+        text = str(m.get("text") or "")
+        for sentence in split_sentences(text):
             probe = {"subject": m.get("speaker"), "key": "", "content": sentence, "source_ids": [mid]}
-            found = [o for o in turns.replaced(probe, turns.z[j], since)
-                     if o not in (carrier.get("replaces_sources") or [])]
-            if found:
-                carrier["replaces_sources"] = list(carrier.get("replaces_sources") or []) + found
-                carrier["supersede_version"] = version
-                changed[carrier["id"]] = carrier
+            digits, never = any(c.isdigit() for c in sentence), says_never(probe)
+            if not (digits or never) or not is_statement(probe):
+                continue
+            against = turns.contradicted(probe, turns.z[j], since) if never else []
+            if never and own and _denies_itself(probe, text):
+                against.append(mid)
+            for verdict, found in (("update", turns.replaced(probe, turns.z[j], since) if digits else []),
+                                   ("contradiction", against)):
+                field = "replaces_sources" if verdict == "update" else "contradicts_sources"
+                if own:
+                    add(own[0], field, found)
+                    continue
+                for old in found:
+                    held = [g for g in carriers.get(old, []) if is_statement(g) and decide(probe, g, 1.0) == verdict]
+                    if verdict == "update" and m.get("id"):
+                        for g in held:
+                            if not g.get("superseded_by"):
+                                g.update(superseded_by=m["id"], valid_until=since, supersede_version=version)
+                                changed[g["id"]] = g
+                    elif verdict == "contradiction" and (held or carriers.get(old)):
+                        add((held or carriers[old])[0], field, [mid])
     return changed
+
+
+def _denies_itself(probe: dict[str, Any], text: str) -> bool:
+    """A "never ..." sentence whose own turn states what it denies in another clause ("I've never
+    done X, but I recently did X"): the turn contradicts itself."""
+    clauses = [c for c in re.split(r"[.!?;]\s+|,?\s+but\s+", text) if c.strip()]
+    denial = [c for c in clauses if says_never({"content": c})]
+    return any(decide({**probe, "content": d}, {**probe, "content": c, "source_ids": []}, 1.0) == "contradiction"
+               for d in denial for c in clauses if c is not d and not says_never({"content": c}))
 
 
 def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str, datetime], *,
@@ -236,16 +318,18 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
     return changed
 
 
-def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = ()) -> tuple[dict[str, datetime], Turns]:
-    """The user's message times and turns with vectors (stored, then `extra`, the shard's)."""
+def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = (),
+           skip: Iterable[str] = ()) -> tuple[dict[str, datetime], Turns]:
+    """The user's message times and turns with vectors (stored, then `extra`, the shard's), but
+    not the turns of the `skip` speakers (`RetrievalSettings.assistant_speakers`)."""
     rows: dict[str, dict[str, Any]] = {}
     if store.has_table("messages"):
-        cols = ["message_id", "speaker", "text", "ts", "vector"]
+        cols = ["id", "message_id", "speaker", "text", "ts", "vector"]
         rows = {m["message_id"]: m for m in store.read("messages", user, columns=cols).to_pylist()}
     for m in extra:
         if m.get("ts") is not None:
             rows[m["message_id"]] = {**rows.get(m["message_id"], {}), **m}
-    return {k: m["ts"] for k, m in rows.items() if m.get("ts") is not None}, Turns(list(rows.values()))
+    return {k: m["ts"] for k, m in rows.items() if m.get("ts") is not None}, Turns(list(rows.values()), skip)
 
 
 def _stored(store: Store, user: str, exclude: set[str]) -> list[dict[str, Any]]:
@@ -272,7 +356,7 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
             for s in state.sessions:
                 if s.user_id == user:
                     msgs += s.messages
-            message_ts, turns = _turns(ctx.store, user, msgs)
+            message_ts, turns = _turns(ctx.store, user, msgs, ctx.settings.retrieval.assistant_speakers)
             changed = plan(stored + new, ids, message_ts, decide_rules=rules, turns=turns if rules else None)
             if rules:
                 changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns))
@@ -282,20 +366,26 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
     return state
 
 
-def supersede_user(store: Store, user_id: str) -> dict[str, int]:
+def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None) -> dict[str, int]:
     """Run the rules' decisions on one user of an already consolidated store: every fragment never
-    examined (`supersede_version` null) against its candidates; writes the changed rows. Returns
-    counts (examined, superseded, contradictions). A second run finds nothing to examine."""
+    examined (`supersede_version` null, or decided by an older rules version: decided again) against
+    its candidates; writes the changed rows. Returns
+    counts (examined, superseded, contradictions). A second run finds nothing to examine. Every turn
+    (but `skip` speakers', default the assistants') is compared turn against turn (`plan_turns`)."""
     frags = _stored(store, user_id, set())
+    for f in frags:                      # an older rules version's decisions are made again
+        if str(f.get("supersede_version") or "").startswith(RULES_PREFIX) and f["supersede_version"] != SUPERSEDE_VERSION:
+            f.update(valid_until=None, superseded_by=None, contradicts=None, replaces_sources=None,
+                     contradicts_sources=None, supersede_version=None)
     todo = [f["id"] for f in frags if not f.get("supersede_version")]
     if not todo:
         return {"examined": 0, "superseded": 0, "contradictions": 0, "replaced_turns": 0, "contradicted_turns": 0}
     before_sup = {f["id"] for f in frags if f.get("superseded_by")}
     before_con = {f["id"] for f in frags if f.get("contradicts")}
-    message_ts, turns = _turns(store, user_id)
+    voices = RetrievalSettings().assistant_speakers if skip is None else skip
+    message_ts, turns = _turns(store, user_id, skip=voices)
     changed = plan(frags, todo, message_ts, turns=turns)
-    todo_turns = [s for f in frags if f["id"] in set(todo) for s in f.get("source_ids") or []]
-    changed.update(plan_turns(frags, todo_turns, turns))
+    changed.update(plan_turns(frags, [m["message_id"] for m in turns.rows], turns))
     rows = list(changed.values())
     for r in rows:
         r["vector"] = np.asarray(r["vector"], dtype=np.float32)

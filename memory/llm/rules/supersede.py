@@ -2,20 +2,29 @@
 one of the same subject, contradict it, or neither? Deterministic heuristics, documented here:
 
 * **quantities** — every number in a fragment (``150 commits``, ``65%``, ``250ms``, ``1,200 calls
-  per day``) is read with its unit (``%``, ``ms``, the next word...) and its context: the content
+  per day``) is read with its unit (``%``, ``ms``, the next word; the next number's in ``from 20
+  to 12 minutes``) and its context: the content
   words within `WINDOW` words around it. Two quantities are *the same quantity* when their units
   agree and their contexts share at least `MIN_SHARED` words (``commits merged main branch``). A
   newer fragment **updates** an older one when they hold the same quantity with different values
   and neither value is also said in the other fragment (``has now reached 165`` after
-  ``150 commits``); a unitless number matches a unit its context names. Years and version
-  numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``) are not quantities.
+  ``150 commits``); a unitless number matches a unit its context names. Dates (``April 5, 2024``)
+  and clock times (``4:30 PM``) are quantities of their own kind, compared only with their kind
+  (their month names left out of the context). Numbers of different things are common, so a
+  unitless number, a date or a time only updates when the newer statement says it changed: a change
+  cue among the `CUE_WORDS` words before it (``rescheduled to March 22 at 4:30 PM``, ``the new April
+  25 deadline``, ``has increased to 7``); a number with a unit (``52 sources``) needs none. Years,
+  version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``) and ratios (``8/10``, ``2:1``) are not
+  quantities.
 * **named values** — under the same key (or a text cosine of at least `NAMED_SIM`), a newer fragment
   with a change cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a
-  capitalized value the older one does not name, while the older names one the newer drops,
-  **updates** it (``now uses PostgreSQL`` after ``uses SQLite``).
+  capitalized value the older one does not name (within `CUE_WORDS` words after the cue), while
+  the older names one the newer drops, **updates** it (``now uses PostgreSQL`` after ``uses SQLite``).
 * **contradictions** — a newer fragment that negates an experience or state for all time
   (``never``, ``haven't ever``, ``not yet``) of which an older fragment states the opposite
-  (sharing at least `MIN_SHARED` content words of its key and value, no negation there) is a
+  (sharing at least `MIN_SHARED` of the words after the negation, past verbs included: ``never
+  submitted my cover letter`` / ``submitted my cover letter``; not negated there, a negation within
+  `NEG_WORDS` words before them, while ``I'm not sure how`` elsewhere does not count) is a
   **contradiction**, not an update: both stay current and context flags them so the answering model
   can ask.
 
@@ -34,16 +43,20 @@ from typing import Any
 from memory.text import content_tokens, is_content
 
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "same_key", "is_statement",
-           "has_change_cue", "says_never", "WINDOW",
+           "has_change_cue", "says_never", "WINDOW", "CUE_WORDS",
            "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v1"
+SUPERSEDE_VERSION = "rules-supersede-v3"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
 MIN_SHARED = 2
+#: words before a changed value (after it, for a name) that a change cue must fall within
+CUE_WORDS = 8
 #: text cosine under which a named value change needs the same key
 NAMED_SIM = 0.6
+#: words before a shared word in which a negation makes the statement negated too
+NEG_WORDS = 2
 #: words a fragment needs to be a statement (shorter ones are labels and headings)
 MIN_WORDS = 6
 
@@ -54,14 +67,26 @@ _NUM_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|percent
 _VERSION_RE = re.compile(r"\bv?\d+\.\d+\.\d+\b|\bv\d+(?:\.\d+)?\b")
 _CHANGE_RE = re.compile(r"\b(?:now|no\s+longer|anymore|switched|switching|changed|moved|instead|"
                         r"replaced|updated?|new|recently|increased|decreased|extended|reduced|reached|"
-                        r"improved|grown|dropped|raised|lowered|has\s+(?:now\s+)?(?:reached|grown|dropped|"
-                        r"improved|increased|decreased)|these\s+days)\b", re.IGNORECASE)
+                        r"improved|grown|grew|dropped|raised|lowered|rescheduled|postponed|pushed\s+back|"
+                        r"adjusted|revised|shifted|expanded|upgraded|these\s+days)\b", re.IGNORECASE)
+_MONTHS = {m: i + 1 for i, ms in enumerate(("january jan", "february feb", "march mar", "april apr", "may",
+                                             "june jun", "july jul", "august aug", "september sep sept",
+                                             "october oct", "november nov", "december dec"))
+           for m in ms.split()}
+_MONTH = r"(?:" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")"
+_DATE_RE = re.compile(rf"\b(?:({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?|(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?"
+                      rf"({_MONTH}))\b(?:,?\s+\d{{4}}\b)?", re.IGNORECASE)
+_TIME_RE = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s*([ap])\.?m\b\.?", re.IGNORECASE)
+_RANGE_RE = re.compile(r"\s*(?:to|-|\u2013)\s*(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|[A-Za-z][A-Za-z\-]*)")
+_RATIO_RE = re.compile(r"\b\d+\s*[/:]\s*\d+\b")
 _NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s+ever|hasn't\s+(?:ever|yet)|"
                        r"not\s+ever|no\s+experience)\b", re.IGNORECASE)
 _NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
 _CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
 _UNIT_ALIASES = {"percent": "%", "%": "%", "ms": "ms", "s": "s", "k": "k", "x": "x"}
+#: units of time, which the content-word filter drops (``6 weeks`` is not a unitless 6)
+_MEASURES = {w + s: w for w in ("second", "minute", "hour", "day", "week", "month", "year") for s in ("", "s")}
 _NUMBER_WORDS = frozenset("""user users the a an and or of to in on at by for with from is are was were has have
 been be it its this that which who as than then about around approximately roughly over under up down
 only just also now recently already after before since until during per into onto across through
@@ -74,22 +99,53 @@ def _stem(word: str) -> str:
 
 @dataclass(frozen=True)
 class Quantity:
-    """A number with its unit and the (stemmed) content words around it."""
+    """A number with its unit (``date`` and ``time`` for those kinds), the (stemmed) content words
+    around it, and whether a change cue comes right before it."""
 
     value: float
     unit: str
     context: frozenset[str]
+    cued: bool = False
+
+    @property
+    def needs_cue(self) -> bool:
+        """Unitless numbers, dates and times change only when the statement says so."""
+        return self.unit in ("", "date", "time")
 
 
 def quantities(text: str, exclude: set[str] | None = None) -> list[Quantity]:
-    """Every quantity of `text` (see the module doc); years 1900-2100 and version numbers skipped."""
+    """Every quantity of `text` (see the module doc); years 1900-2100, versions and ratios skipped."""
     return list(_quantities(text, frozenset(exclude or ())))
+
+
+def _blank(m: re.Match[str]) -> str:
+    return " " * len(m.group(0))
+
+
+def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude: set[str]) -> Quantity:
+    """The quantity at text[start:end] with its context and cue (see `Quantity`)."""
+    before = [_stem(w) for w in content_tokens(text[:start], exclude)][-WINDOW:]
+    after = [_stem(w) for w in content_tokens(text[end:], exclude)][:WINDOW // 2]
+    named = [unit] if unit and unit not in _UNIT_ALIASES.values() and unit not in ("date", "time", "$") else []
+    cued = bool(_CHANGE_RE.search(" ".join(text[:start].split()[-CUE_WORDS:])))
+    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued)
 
 
 @lru_cache(maxsize=65536)
 def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
-    clean = _VERSION_RE.sub(" ", text.replace("\u2019", "'"))
+    clean = _VERSION_RE.sub(_blank, text.replace("\u2019", "'"))
     out = []
+    words = set(exclude) | set(_MONTHS) | {"at", "pm", "am"}
+    for m in _DATE_RE.finditer(clean):
+        month, day = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        if 1 <= int(day) <= 31:
+            stamp = float(_MONTHS[month.lower().rstrip(".")] * 100 + int(day))
+            out.append(_quantity(clean, m.start(), m.end(), stamp, "date", words))
+    clean = _DATE_RE.sub(_blank, clean)
+    for m in _TIME_RE.finditer(clean):
+        hour = int(m.group(1)) % 12 + (12 if m.group(3).lower() == "p" else 0)
+        out.append(_quantity(clean, m.start(), m.end(), float(hour * 60 + int(m.group(2) or 0)), "time", words))
+    clean = _RATIO_RE.sub(_blank, _TIME_RE.sub(_blank, clean))
     for m in _NUM_RE.finditer(clean):
         raw = m.group(1).replace(",", "")
         try:
@@ -99,15 +155,17 @@ def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
         if "." in raw and re.search(r"[A-Z][\w\-]*\s*$", clean[:m.start()]):
             continue                                   # "Python 3.11": a version, not a quantity
         unit_word = (m.group(2) or "").lower()
+        ranged = _RANGE_RE.match(clean, m.end(1)) if not unit_word or unit_word in _NUMBER_WORDS else None
+        if ranged:                                     # "from 20 to 12 minutes": both in minutes
+            unit_word = ranged.group(1).lower()
         if "." not in raw and 1900 <= value <= 2100 and (not unit_word or unit_word in _NUMBER_WORDS):
             continue                                   # a year, not a quantity
-        unit = _UNIT_ALIASES.get(unit_word, "")
+        unit = _UNIT_ALIASES.get(unit_word, "") or _MEASURES.get(unit_word, "")
         if not unit and unit_word and unit_word not in _NUMBER_WORDS and is_content(unit_word):
             unit = _stem(unit_word)
-        before = [_stem(w) for w in content_tokens(clean[:m.start()], set(exclude))][-WINDOW:]
-        after = [_stem(w) for w in content_tokens(clean[m.end():], set(exclude))][:WINDOW // 2]
-        context = frozenset(before + after + ([unit] if unit and unit not in _UNIT_ALIASES.values() else []))
-        out.append(Quantity(value=value, unit=unit, context=context))
+        if clean[max(0, m.start() - 1):m.start()] == "$":
+            unit = "$"
+        out.append(_quantity(clean, m.start(), m.end(), value, unit, set(exclude)))
     return tuple(out)
 
 
@@ -134,20 +192,29 @@ def quantity_change(newer: dict[str, Any], older: dict[str, Any]) -> bool:
     new_q, old_q = quantities(_text(newer), exclude), quantities(_text(older), exclude)
     if not new_q or not old_q:
         return False
-    new_values, old_values = {q.value for q in new_q}, {q.value for q in old_q}
+    new_values, old_values = {(_kind(q), q.value) for q in new_q}, {(_kind(q), q.value) for q in old_q}
     for nq in new_q:
+        if nq.needs_cue and not nq.cued:
+            continue
         for oq in old_q:
             if not _same_unit(nq, oq) or len(nq.context & oq.context) < MIN_SHARED:
                 continue
-            if nq.value not in old_values and oq.value not in new_values:
+            if (_kind(nq), nq.value) not in old_values and (_kind(oq), oq.value) not in new_values:
                 return True
     return False
 
 
+def _kind(q: Quantity) -> str:
+    return q.unit if q.unit in ("date", "time") else ""
+
+
 def _same_unit(a: Quantity, b: Quantity) -> bool:
-    """Equal units, or one unitless number whose context holds the other's unit word."""
+    """Equal units, or one unitless number whose context holds the other's unit word; dates and
+    times only with their own kind."""
     if a.unit == b.unit:
         return True
+    if "date" in (a.unit, b.unit) or "time" in (a.unit, b.unit):
+        return False
     if not a.unit:
         return b.unit in a.context
     if not b.unit:
@@ -169,24 +236,55 @@ def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float
     subject = _names(str(newer.get("subject") or ""))
     cap_new = {c for c in _caps(text_new) if c.lower() not in subject}
     cap_old = {c for c in _caps(text_old) if c.lower() not in subject}
-    return bool(cap_new - cap_old) and bool(cap_old - cap_new)
+    if not cap_old - cap_new:
+        return False
+    for cue in _CHANGE_RE.finditer(text_new):               # the cue governs a new name after it
+        if _caps(" ".join(text_new[cue.end():].split()[:CUE_WORDS])) & (cap_new - cap_old):
+            return True
+    return False
 
 
 def contradiction(newer: dict[str, Any], older: dict[str, Any]) -> bool:
     """One of the two negates for all time what the other states (see the module doc): at least
-    `MIN_SHARED` of the `WINDOW` content words after the negation are in the other, unnegated one."""
+    `MIN_SHARED` of the `WINDOW` words after the negation (verbs in the past kept: ``enrolled``,
+    ``submitted``) are in the other, not negated there (no negation in the `NEG_WORDS` words before
+    them; a negation elsewhere in the sentence, ``not sure how``, does not count)."""
     a, b = str(newer.get("content") or ""), str(older.get("content") or "")
     m_a, m_b = _NEVER_RE.search(a), _NEVER_RE.search(b)
     if bool(m_a) == bool(m_b):
         return False
     negated, stated, m = (a, b, m_a) if m_a else (b, a, m_b)
     assert m is not None
-    if _NEG_ANY_RE.search(stated):
-        return False
     exclude = _names(str(newer.get("subject") or "")) | {"never", "ever", "yet", "actually", "project"}
-    clause = {_stem(w) for w in content_tokens(negated[m.end():], exclude)[:WINDOW]}
-    shared = clause & {_stem(w) for w in content_tokens(stated, exclude)}
+    clause = {w for w, _ in _clause_words(negated[m.end():], exclude)[:WINDOW]}
+    said = _clause_words(stated, exclude, keep_negations=True)
+    shared = set()
+    for i, (w, _) in enumerate(said):
+        if w in clause and not any(neg for _, neg in said[max(0, i - NEG_WORDS):i]):
+            shared.add(w)
     return len(shared) >= MIN_SHARED
+
+
+def _clause_words(text: str, exclude: set[str], keep_negations: bool = False) -> list[tuple[str, bool]]:
+    """(stem, is a negation) of the words of `text` that name what was done: content words and past
+    verbs, stemmed alike (``enrolled``/``enroll``, ``missing``/``missed``); negations only if asked."""
+    out: list[tuple[str, bool]] = []
+    for tok in re.findall(r"[A-Za-z][A-Za-z'\-]*", text.replace("\u2019", "'")):
+        low = tok.lower().removesuffix("'s")
+        if _NEG_ANY_RE.fullmatch(low) or low.endswith("n't"):
+            if keep_negations:
+                out.append(("", True))
+            continue
+        if low in exclude or len(low) < 3:
+            continue
+        past = len(low) >= 5 and low.endswith("ed") and is_content(low[:-2] + "s")
+        if not (is_content(low) or past):
+            continue
+        stem = re.sub(r"e$", "", re.sub(r"(?:ing|ed|s)$", "", low)) if len(low) > 4 else low
+        if len(stem) > 3 and stem[-1] == stem[-2]:
+            stem = stem[:-1]                              # submitt(ed) = submit, miss(ing) = mis(s)
+        out.append((stem, False))
+    return out
 
 
 def is_statement(f: dict[str, Any]) -> bool:

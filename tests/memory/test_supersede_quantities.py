@@ -1,0 +1,158 @@
+"""What `rules` counts as the same quantity (issue 12, rules-supersede-v3): dates and clock times are
+their own kinds, a unitless number or a date changes only under a change cue, ratios are not
+quantities; older turns are found by the quantity they hold, not only by vector; a store decided by
+an older rules version is decided again. Real LanceDB and the real embedder where turns are involved."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import importlib
+
+import pytest
+
+from memory.embed import Embedder
+from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, quantities
+from memory.stages.supersede import Turns, supersede_user
+from memory.stages.supersede import plan_turns as stage_plan_turns
+from memory.store import Store
+
+
+def _f(text: str, mid: str, subject: str = "user") -> dict[str, Any]:
+    return {"subject": subject, "key": "", "content": text, "source_ids": [mid]}
+
+
+def test_dates_and_times_are_their_own_kinds() -> None:
+    found = {(q.unit, q.value) for q in quantities("I have a Zoom meeting with Professor Danielle on March 22 "
+                                                   "at 3 PM to review my draft")}
+    assert found == {("date", 322.0), ("time", 900.0)}
+    assert quantities("I scored 8/10 on the quiz and kept a 2:1 ratio in my notes") == []
+    moved = _f("I'm worried about missing the Zoom meeting with Professor Danielle, it's rescheduled to "
+               "March 22 at 4:30 PM", "m2")
+    first = _f("I have a Zoom meeting with Professor Danielle on March 22 at 3 PM to review my draft", "m1")
+    assert decide(moved, first, 0.5) == "update"
+    # a date (or a time) is never compared with a plain number or an amount
+    flat = _f("I secured a furnished apartment in Toronto for $1,100/month near the UWI campus", "m3")
+    move = _f("I'm overwhelmed with my move to Toronto and my new orientation at UWI on September 2", "m4")
+    assert decide(move, flat, 0.6) is None
+
+
+def test_a_unitless_number_or_a_date_needs_a_change_cue() -> None:
+    met = _f("I'm worried that I met my final draft deadline on October 1, but now I have to query agents", "m1")
+    exported = _f("I exported the final draft of my screenplay from Scrivener to PDF on October 2", "m2")
+    assert decide(exported, met, 0.6) is None                      # two events, two dates: no change said
+    old = _f("I'm worried about meeting my April 20 deadline for the peer-reviewed draft submission", "m3")
+    new = _f("I'm worried that I won't meet the new April 25 deadline for the peer-reviewed draft", "m4")
+    assert decide(new, old, 0.5) == "update"
+    said = _f("My Git repository has 150 commits merged into the main branch so far", "m5")
+    grown = _f("The commits merged into the main branch of my repository have now reached 165", "m6")
+    plain = _f("The commits merged into the main branch of my repository were 165 at the review", "m7")
+    assert decide(grown, said, 0.4) == "update" and decide(plain, said, 0.4) is None
+    # a number with its unit needs no cue
+    assert decide(_f("I have 52 sources in my Zotero library, tagged by theme", "m9"),
+                  _f("My Zotero library has 45 sources tagged by theme and date", "m8"), 0.7) == "update"
+
+
+def test_a_named_change_needs_the_cue_before_the_new_name() -> None:
+    old = {"subject": "Dana", "key": "database", "content": "Dana uses SQLite for the budget tracker app",
+           "source_ids": ["m1"]}
+    new = {"subject": "Dana", "key": "database", "content": "Dana now uses PostgreSQL for the budget tracker app",
+           "source_ids": ["m2"]}
+    far = {"subject": "Dana", "key": "database", "content": "Dana now thinks the budget tracker app should run "
+           "well for a long time on PostgreSQL", "source_ids": ["m3"]}
+    assert decide(new, old, 0.8) == "update"
+    assert decide(far, old, 0.8) is None                           # the cue does not govern the name
+
+
+def _turn(mid: str, day: int, text: str, vec: Any, speaker: str = "Dana") -> dict[str, Any]:
+    return {"message_id": mid, "speaker": speaker, "text": text, "vector": vec,
+            "ts": datetime(2024, 4, day, 9, tzinfo=timezone.utc)}
+
+
+def test_older_turns_are_found_by_the_quantity_they_hold(embedder: Embedder,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The original value sits in a long turn about something else (its vector is far): the
+    quantity index still finds it, and only the nearest such turn is replaced."""
+    texts = [("m1", 1, "Here's my Flask app factory, it registers the blueprints and the error handlers. "
+                       "The dashboard API response time is 420ms on average under load. Can you check the code?"),
+             ("m2", 2, "I adopted a grey cat called Miso from the shelter near my flat last winter."),
+             ("m3", 3, "My sister plays the cello in an orchestra on weekends.")]
+    vecs = embedder.embed([t for _, _, t in texts])
+    turns = Turns([_turn(m, d, t, v) for (m, d, t), v in zip(texts, vecs)])
+    said = "Dana says the dashboard API response time has recently improved to 250ms after the caching tweaks"
+    new: dict[str, Any] = {"subject": "Dana", "key": "", "content": said, "source_ids": ["m9"]}
+    vec = embedder.embed([said])[0]
+    assert 0 in turns.same_quantity(new) and 1 not in turns.same_quantity(new)
+    stage = importlib.import_module("memory.stages.supersede")  # the package re-exports the function
+    monkeypatch.setattr(stage, "MESSAGE_NEIGHBOURS", 0)           # no vector neighbour at all
+    assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == ["m1"]
+    assert turns.replaced(new, vec, "2024-03-01T00:00:00+00:00") == []   # only older turns
+    other = {**new, "subject": "Bob"}
+    assert turns.replaced(other, vec, "2024-04-10T00:00:00+00:00") == []  # another speaker's turns
+
+
+def test_an_older_rules_version_is_decided_again(tmp_path: Path, embedder: Embedder) -> None:
+    st = Store(str(tmp_path / "store"), dim=embedder.dim)
+    ts = [datetime(2024, 4, d, 9, tzinfo=timezone.utc) for d in (1, 2, 9)]
+    texts = ["Dana's Git repository has 150 commits merged into the main branch so far",
+             "Dana adopted a grey cat called Miso from the shelter near her flat",
+             "Dana says the commits merged into the main branch have now reached 165"]
+    rows = [{"id": f"f{i}", "user_id": "dana", "session_id": f"s{i}", "session_ts": t, "subject": "Dana",
+             "category": "factual", "key": "", "content": c, "date": t.date().isoformat(), "text": c,
+             "source_ids": [f"m{i}"], "valid_from": t.isoformat(), "supersede_version": "rules-supersede-v1"}
+            for i, (t, c) in enumerate(zip(ts, texts))]
+    rows[1]["superseded_by"] = "f2"                                 # a wrong v1 decision
+    rows.append({**rows[1], "id": "f3", "source_ids": ["m3"], "superseded_by": "f2",
+                 "supersede_version": "premem-reason-v2"})           # an LLM decision: kept
+    for r, v in zip(rows, embedder.embed([str(r["text"]) for r in rows])):
+        r["vector"] = v
+    st.upsert("fragments", rows)
+    counts = supersede_user(st, "dana")
+    assert counts["examined"] == 3 and counts["superseded"] == 1
+    got = {r["id"]: r for r in st.read("fragments", "dana").to_pylist()}
+    assert got["f0"]["superseded_by"] == "f2" and got["f1"]["superseded_by"] is None
+    assert got["f3"]["superseded_by"] == "f2" and got["f3"]["supersede_version"] == "premem-reason-v2"
+    assert {got[f]["supersede_version"] for f in ("f0", "f1", "f2")} == {SUPERSEDE_VERSION}
+    assert supersede_user(st, "dana")["examined"] == 0               # decided once
+
+
+def _frag(fid: str, mid: str, day: int, content: str, vec: Any) -> dict[str, Any]:
+    return {"id": fid, "subject": "Dana", "key": "", "content": content, "source_ids": [mid], "vector": vec,
+            "valid_from": datetime(2024, 4, day, 9, tzinfo=timezone.utc).isoformat()}
+
+
+def test_turns_without_fragments_keep_their_links_on_the_other_side(embedder: Embedder) -> None:
+    """The newer turn has no fragment (extraction kept none): an update closes the older fragment
+    holding the value with the newer turn's message row; a denial is kept on the older fragment."""
+    texts = [("m1", 1, "My Zotero library has 45 sources tagged by theme and date."),
+             ("m2", 2, "I submitted my cover letter to Greg for review on April 10 and I'm anxious about it."),
+             ("m3", 5, "I've added more, so my Zotero library has 52 sources now, how should I organize them?"),
+             ("m4", 6, "I've never submitted my cover letter to Greg for review, should I ask him to look at it?")]
+    vecs = embedder.embed([t for _, _, t in texts])
+    rows = [{**_turn(m, d, t, v), "id": f"msg-{m}"} for (m, d, t), v in zip(texts, vecs)]
+    turns = Turns(rows + [_turn("a1", 3, "You have 45 sources, great work on the library.", vecs[0], "assistant")],
+                  skip=["assistant"])
+    assert [m["message_id"] for m in turns.rows] == ["m1", "m2", "m3", "m4"]    # assistants' turns skipped
+    frags = [_frag("f1", "m1", 1, "Dana's Zotero library has 45 sources tagged by theme and date", vecs[0]),
+             _frag("f2", "m2", 2, "Dana submitted her cover letter to Greg for review on April 10", vecs[1])]
+    changed = stage_plan_turns(frags, ["m3", "m4"], turns)
+    assert set(changed) == {"f1", "f2"}
+    assert frags[0]["superseded_by"] == "msg-m3" and frags[0]["valid_until"].startswith("2024-04-05")
+    assert frags[1]["contradicts_sources"] == ["m4"] and frags[1].get("superseded_by") is None
+    stage_plan_turns(frags, ["m3", "m4"], turns)                            # again: links not doubled
+    assert frags[1]["contradicts_sources"] == ["m4"] and frags[0]["superseded_by"] == "msg-m3"
+
+
+def test_a_turn_that_denies_what_it_states(embedder: Embedder) -> None:
+    text = ("I've never attempted any triangle classification problems before, but I recently completed 15 "
+            "triangle classification problems with a consistent accuracy above 80%.")
+    vec = embedder.embed([text])[0]
+    turns = Turns([{**_turn("m1", 1, text, vec), "id": "msg-m1"}])
+    frags = [_frag("f1", "m1", 1, "Dana has never attempted any triangle classification problems before", vec)]
+    stage_plan_turns(frags, ["m1"], turns)
+    assert frags[0]["contradicts_sources"] == ["m1"]
+    plain = [_frag("f2", "m2", 1, "Dana completed 15 triangle classification problems", vec)]
+    ok = "I recently completed 15 triangle classification problems with a consistent accuracy above 80%."
+    stage_plan_turns(plain, ["m2"], Turns([{**_turn("m2", 1, ok, vec), "id": "msg-m2"}]))
+    assert not plain[0].get("contradicts_sources")
