@@ -177,7 +177,7 @@ class Settings(BaseModel):
     max_llm_attempts: int = Field(3, ge=1, description="runs that may try a quarantined piece of LLM work "
                                   "(a session's extraction or topics, a user's summaries) before it is given up")
 
-    assistant_fragments_per_turn: int | None = Field(3, ge=0, description="fragments kept per assistant turn "
+    assistant_fragments_per_turn: int | None = Field(6, ge=0, description="fragments kept per assistant turn "
                                                      "(retrieval.assistant_speakers) among those citing only "
                                                      "assistant turns, the first extracted; None: all. Retrieval "
                                                      "never searches them; they feed topics and insights")
