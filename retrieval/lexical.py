@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -74,49 +75,96 @@ class BM25Index:
     """BM25 weights of every (memory, term) pair of one user's texts.
 
     Terms are identified by their Polars 64-bit hash (fixed seed), so building needs no string
-    group-by or vocabulary join: the sorted distinct hashes are the columns, and SciPy's duplicate
-    summing gives the term frequencies. Queries hash their tokens the same way. The texts are
-    tokenized in parts of about equal length, run in parallel on Polars' threads (a cold query).
+    group-by or vocabulary join. The texts are tokenized in parts of about equal length on Polars'
+    threads; the term matrix (CSC, one column of weights per distinct hash) is then built on a
+    background thread, and until it is ready a query is scored from the tokens themselves (the
+    first query of a cold index does not wait for it). Both paths compute the same float32 weights
+    and add them up term by term in hash order, so they give bit-identical scores.
     """
 
     def __init__(self, texts: Sequence[str | None] | pa.Array | pa.ChunkedArray, k1: float = 1.2,
                  b: float = 0.75) -> None:
         self.n_docs = n = len(texts)
+        self.k1, self.b = k1, b
         arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else \
             texts if isinstance(texts, pa.Array) else pa.array(list(texts), pa.string())
         parts = pl.collect_all([_tokens(arr.slice(a, z - a), a) for a, z in text_parts(arr)])
         toks = pl.concat(parts) if parts else pl.DataFrame({"doc": [], "h": []},
                                                           schema={"doc": pl.UInt32, "h": pl.UInt64})
-        d = toks["doc"].to_numpy().astype(np.int64)
-        self.terms = toks["h"].unique().sort().to_numpy()
-        c = np.searchsorted(self.terms, toks["h"].to_numpy())
-        n_terms = max(len(self.terms), 1)
-        m = sparse.csr_matrix((np.ones(d.size, np.float32), (d, c.ravel())), shape=(n, n_terms))
-        m.sum_duplicates()  # data = term frequency of each (doc, term)
-        tf = m.data
-        doc_len = np.bincount(d, minlength=n).astype(np.float32)
-        avg = float(doc_len.mean()) if n and doc_len.mean() > 0 else 1.0
-        doc_of = np.repeat(np.arange(n), np.diff(m.indptr))
-        df_t = np.bincount(m.indices, minlength=n_terms).astype(np.float32)
-        idf = np.log1p((n - df_t + 0.5) / (df_t + 0.5))
-        m.data = (idf[m.indices] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len[doc_of] / avg))).astype(np.float32)
-        self.matrix = m.tocsc()
+        self.doc_len = np.bincount(toks["doc"].to_numpy(), minlength=n).astype(np.float32)
+        self.avg = float(self.doc_len.mean()) if n and self.doc_len.mean() > 0 else 1.0
+        self._tokens: pl.DataFrame | None = toks
+        self._matrix: sparse.csc_matrix | None = None
+        self._terms = np.zeros(0, dtype=np.uint64)
+        self._built = _BUILDER.submit(self._build)
 
-    def columns(self, query: str) -> list[int]:
-        """Matrix columns of the query's terms that occur in the user's texts."""
-        tokens = tokenize(query)
-        if not tokens or self.terms.size == 0:
-            return []
-        h = pl.Series(tokens, dtype=pl.Utf8).hash().to_numpy()
-        pos = np.minimum(np.searchsorted(self.terms, h), self.terms.size - 1)
-        return sorted(set(pos[self.terms[pos] == h].tolist()))
+    def _weights(self, tf: np.ndarray, df: np.ndarray, doc: np.ndarray) -> np.ndarray:
+        """BM25 weight (float32) of term frequencies `tf` in docs `doc` for terms of document frequency `df`."""
+        idf = np.log1p((self.n_docs - df + 0.5) / (df + 0.5))
+        k1, b = self.k1, self.b
+        return (idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * self.doc_len[doc] / self.avg))).astype(np.float32)
+
+    def _build(self) -> None:
+        toks = self._tokens
+        assert toks is not None
+        terms = toks["h"].unique().sort()
+        cols = pl.DataFrame({"h": terms, "col": np.arange(len(terms), dtype=np.int64)})
+        d = toks["doc"].to_numpy().astype(np.int64)
+        c = toks.join(cols, on="h", how="left")["col"].to_numpy()
+        m = sparse.csc_matrix((np.ones(d.size, np.float32), (d, c)), shape=(self.n_docs, max(len(terms), 1)))
+        m.sum_duplicates()   # data = term frequency of each (doc, term), rows sorted within each column
+        df = np.diff(m.indptr).astype(np.float32)
+        m.data = self._weights(m.data, np.repeat(df, np.diff(m.indptr)), m.indices)
+        self._terms, self._matrix = terms.to_numpy(), m
+        self._tokens = None
+
+    @property
+    def built(self) -> bool:
+        """Whether the term matrix is built (queries are scored from it, not from the tokens)."""
+        return self._matrix is not None
+
+    @property
+    def matrix(self) -> sparse.csc_matrix:
+        """The (docs x terms) weight matrix (waits for the background build)."""
+        self._built.result()
+        assert self._matrix is not None
+        return self._matrix
+
+    @property
+    def terms(self) -> np.ndarray:
+        """The sorted term hashes, one per matrix column (waits for the background build)."""
+        self._built.result()
+        return self._terms
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every memory for the query (zeros when no term matches)."""
-        cols = self.columns(query)
-        if not cols or self.n_docs == 0:
-            return np.zeros(self.n_docs, dtype=np.float32)
-        return np.asarray(self.matrix[:, cols].sum(axis=1), dtype=np.float32).ravel()
+        out = np.zeros(self.n_docs, dtype=np.float32)
+        tokens = tokenize(query)
+        if not tokens or self.n_docs == 0:
+            return out
+        hashes = np.unique(pl.Series(tokens, dtype=pl.Utf8).hash().to_numpy())
+        m, toks = self._matrix, self._tokens
+        if m is not None or toks is None:
+            m, terms = self.matrix, self._terms
+            pos = np.minimum(np.searchsorted(terms, hashes), max(terms.size - 1, 0))
+            for col in (pos[terms[pos] == hashes] if terms.size else []):
+                lo, hi = m.indptr[col], m.indptr[col + 1]
+                out[m.indices[lo:hi]] += m.data[lo:hi]
+            return out
+        hits = (toks.filter(pl.col("h").is_in(pl.Series(hashes).implode()))
+                .group_by("h", "doc").len().sort("h", "doc"))
+        h, doc = hits["h"].to_numpy(), hits["doc"].to_numpy().astype(np.int64)
+        tf = hits["len"].to_numpy().astype(np.float32)
+        starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]]) if h.size else np.zeros(0, dtype=np.int64)
+        ends = np.r_[starts[1:], h.size]
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            df = np.full(hi - lo, hi - lo, dtype=np.float32)
+            out[doc[lo:hi]] += self._weights(tf[lo:hi], df, doc[lo:hi])
+        return out
+
+
+#: builds term matrices in the background (one index at a time is plenty: a query never waits on it)
+_BUILDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnemo-bm25")
 
 
 def normalized(scores: np.ndarray) -> np.ndarray:

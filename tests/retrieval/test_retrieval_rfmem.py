@@ -130,6 +130,21 @@ def test_bm25_built_in_parts_equals_one_part(monkeypatch: pytest.MonkeyPatch) ->
     assert np.array_equal(one.terms, parts.terms) and abs(one.matrix - parts.matrix).max() == 0
 
 
+def test_bm25_scores_from_tokens_equal_scores_from_the_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = ["Caroline went to the LGBTQ support group twice", None, "support groups meet weekly",
+             "Melanie paints sunrises and sunsets", "the group went hiking"] * 20
+    ix = BM25Index(texts, b=0.9)
+    ix.matrix                                            # built: the matrix path
+    queries = ["When did Caroline go to the support groups?", "sunrises", "nothing matches here", ""]
+    want = [ix.scores(q) for q in queries]
+    monkeypatch.setattr(lexical, "_BUILDER", type("Never", (), {"submit": lambda self, fn: None})())
+    cold = BM25Index(texts, b=0.9)                       # never built: every score from the tokens
+    assert not cold.built and ix.built
+    for q, w in zip(queries, want):
+        assert np.array_equal(cold.scores(q), w)         # bit-identical, not merely close
+    assert want[0].argmax() == 0 and want[2].max() == 0
+
+
 def test_calibration_places_thresholds_in_the_score_range(memory: tuple[np.ndarray, list[np.ndarray]]) -> None:
     z, _ = memory
     cal = calibrate(z, RetrievalSettings())
