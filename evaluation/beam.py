@@ -20,6 +20,7 @@ batch beforehand), and the cold first query of each user with the default strate
 """
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import time
@@ -240,6 +241,8 @@ def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: 
         no_evidence += none
     r = Retriever(st, cfg)
     vecs = r.embed([q["question"] for q in questions])
+    gc.collect()
+    gc.freeze()      # as `mnemo serve` does once loaded: no full collection of the model's objects mid-query
     with threadpool_limits(limits=1, user_api="blas"):   # single-threaded BLAS, as `mnemo serve` runs
         default = r.settings.default_strategy
         first: dict[str, int] = {}

@@ -102,12 +102,17 @@ class Store:
     def table(self, name: str) -> Any:
         """Open a table, creating it empty with its schema when missing."""
         evolve = False
+        schema = schemas.schema_for(name, self.dim)
         with self._lock:
             tbl = self._tables.get(name)
+        if tbl is not None:
+            return tbl
+        opened = self.db.open_table(name) if self.has_table(name) else None   # outside `_lock`: tables
+        with self._lock:                                                     # open in parallel
+            tbl = self._tables.get(name)
             if tbl is None:
-                schema = schemas.schema_for(name, self.dim)
-                if self.has_table(name):
-                    tbl = self.db.open_table(name)
+                if opened is not None:
+                    tbl = opened
                     self._check_dim(name, tbl.schema)
                     evolve = True
                 else:

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -36,6 +37,8 @@ HIDDEN = ("units", "leases")
 #: how often a reader re-reads the versions when units keep opening under it
 SNAPSHOT_TRIES = 8
 
+#: checks the latest version of a snapshot's tables in parallel (each is a small manifest read)
+_VERSIONS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mnemo-versions")
 _DEPTH = threading.local()   # store key -> units open in this thread
 #: store handle -> (units version, the marker at that version): `latest_marker`'s memo
 _MARKERS: "weakref.WeakKeyDictionary[Store, tuple[int, dict[str, Any] | None]]" = weakref.WeakKeyDictionary()
@@ -132,7 +135,7 @@ def snapshot(store: "Store", tables: Iterable[str]) -> dict[str, int]:
         if before is not None and before["state"] == "open":
             versions = json.loads(before["versions_json"] or "{}")
             return {name: int(versions.get(name, 0)) for name in names}
-        current = {name: store.version(name) for name in names}
+        current = dict(zip(names, _VERSIONS.map(store.version, names)))   # one latest-version check each, at once
         after = latest_marker(store)
         if (after or {}).get("seq") == (before or {}).get("seq"):
             return current

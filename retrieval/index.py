@@ -164,6 +164,11 @@ def _memory_meta(t: pa.Table, kind: str) -> pa.Table:
 
 _META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts"],
               "memory": ["id", "text", "key", "date", "source_ids", "session_ts"]}
+#: the fragments' validity columns (retrieval.validity), read with the index's fragments read and kept
+#: as the memo `FRAGMENT_VALIDITY`, so the first query does not read the table twice
+VALIDITY_COLUMNS = ["valid_from", "valid_until", "superseded_by", "contradicts", "replaces_sources",
+                    "contradicts_sources"]
+FRAGMENT_VALIDITY = "fragment-validity"
 
 
 def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None = None,
@@ -176,9 +181,12 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
     user_id = validate_user_id(user_id)
     at = dict(zip(TRACKED, versions))
     kinds_tables = list(schemas.MEMORY_TABLES.items())
-    reads = [_POOL.submit(store.read, table, user_id, version=at.get(table),
-                          columns=_META_COLS["message" if kind == "message" else "memory"] + ["vector", ADDR])
+    def columns(kind: str) -> list[str]:
+        extra = VALIDITY_COLUMNS if kind == "fragment" else []
+        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", ADDR]
+    reads = [_POOL.submit(store.read, table, user_id, version=at.get(table), columns=columns(kind))
              for kind, table in kinds_tables]
+    validity: pa.Table | None = None
     metas, tables, digests = [], [], {}
     messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
                          "text": pa.array([], pa.string())})
@@ -186,6 +194,9 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
         t = read.result()
         digests[table] = rows_digest(t.column(ADDR))
         t = t.drop_columns([ADDR])
+        if kind == "fragment":
+            validity = t.select(["id", "source_ids"] + VALIDITY_COLUMNS)
+            t = t.drop_columns(VALIDITY_COLUMNS)
         if kind == "message" and t.num_rows:
             messages = t.select(["message_id", "speaker", "text"])
         t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
@@ -202,6 +213,9 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
         else np.zeros(0, dtype=str)
     idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store,
                     versions=tuple(versions), digests=digests)
+    if validity is not None:
+        valid: pa.Table = validity
+        idx.memo(FRAGMENT_VALIDITY, lambda: valid)
     if future is not None:
         idx._lexical = future.result()
     idx.load_ms = (time.perf_counter() - start) * 1000

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retrieval.index import UserIndex
+from retrieval.index import FRAGMENT_VALIDITY, UserIndex
 
 __all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH"]
 
@@ -105,7 +105,8 @@ def _load(index: UserIndex) -> Validity:
     store = index.store
     if store is None or not store.has_table("fragments"):
         return v
-    t = store.read("fragments", index.user_id, columns=_COLUMNS, version=index.version_of("fragments"))
+    t = index.memo(FRAGMENT_VALIDITY, lambda: store.read("fragments", index.user_id, columns=_COLUMNS,
+                                                         version=index.version_of("fragments")))
     if t.num_rows == 0:
         return v
     def listed(name: str) -> Any:
