@@ -178,22 +178,18 @@ def ts(day: int) -> datetime:
 
 def write_user(store: Store, emb: "Embedder", user: str, turns: list[tuple[str, int]]) -> None:
     """Messages, one fragment per message and one insight for `user`, embedded with `emb`."""
-    msgs = [{"id": f"{user}-m{i}", "user_id": user, "session_id": f"{user}-s{day}", "message_id": f"{user}:D1:{i}",
-             "seq": i, "speaker": user.title(), "text": text, "ts": ts(day)} for i, (text, day) in enumerate(turns)]
-    for m, v in zip(msgs, emb.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
-        m["vector"] = v
-    store.upsert("messages", msgs)
-    frags = []
+    msgs: list[dict[str, Any]] = [
+        {"id": f"{user}-m{i}", "user_id": user, "session_id": f"{user}-s{day}", "message_id": f"{user}:D1:{i}",
+         "seq": i, "speaker": user.title(), "text": text, "ts": ts(day)} for i, (text, day) in enumerate(turns)]
+    frags: list[dict[str, Any]] = []
     for i, (text, day) in enumerate(turns):
         key = " ".join(text.split()[1:4]).lower()
         frags.append({"id": f"{user}-f{i}", "user_id": user, "session_id": f"{user}-s{day}", "session_ts": ts(day),
                       "subject": user.title(), "category": "factual", "key": key, "content": text,
                       "date": f"2023-05-{day:02d}", "text": f"{key}: {user.title()} said {text}",
                       "source_ids": [f"{user}:D1:{i}"]})
-    for f, v in zip(frags, emb.embed([f["text"] for f in frags])):
-        f["vector"] = v
-    store.upsert("fragments", frags)
-    ins = {"id": f"{user}-i0", "user_id": user, "key": "pets", "content": f"{user.title()} has pets",
+    store_embedded(store, emb, msgs, frags)
+    ins: dict[str, Any] = {"id": f"{user}-i0", "user_id": user, "key": "pets", "content": f"{user.title()} has pets",
            "date": "2023-05-02 to 2023-05-05", "text": f"pets: {user.title()} has pets and cares for them",
            "source_ids": [m["message_id"] for m in msgs[:2]], "parent_ids": [frags[0]["id"]],
            "session_ts": ts(5)}
@@ -215,3 +211,16 @@ def messages_store(root: Path, embedder: "Embedder", user: str, texts: list[str]
     st.upsert("messages", rows)
     return st
 
+
+def store_embedded(st: Store, emb: "Embedder", messages: list[dict[str, Any]],
+                   fragments: list[dict[str, Any]]) -> Store:
+    """Hand-written messages and fragments embedded as consolidation embeds them, then stored."""
+    from memory.text import turn_text
+
+    for m, v in zip(messages, emb.embed([turn_text(m["speaker"], m["text"]) for m in messages])):
+        m["vector"] = v
+    for f, v in zip(fragments, emb.embed([f["text"] for f in fragments])):
+        f["vector"] = v
+    st.upsert("messages", messages)
+    st.upsert("fragments", fragments)
+    return st

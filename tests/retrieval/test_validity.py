@@ -14,6 +14,7 @@ from memory.settings import RetrievalSettings
 from memory.store import Store
 from retrieval.context import build_context
 from retrieval.retriever import Retriever
+from tests.helpers import store_embedded
 
 USER = "erin"
 # (message id, day, text, fragment key, fragment content, superseded_by, contradicts)
@@ -55,13 +56,7 @@ def validity_store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder)
     for j, text in enumerate(FILLER):
         msgs.append({"id": f"msg-x{j}", "user_id": USER, "session_id": "s20", "message_id": f"x{j}",
                      "seq": 100 + j, "speaker": "Erin", "text": text, "ts": _ts(20)})
-    for m, v in zip(msgs, embedder.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
-        m["vector"] = v
-    for f, v in zip(frags, embedder.embed([f["text"] for f in frags])):
-        f["vector"] = v
-    st.upsert("messages", msgs)
-    st.upsert("fragments", frags)
-    return st
+    return store_embedded(st, embedder, msgs, frags)
 
 
 def _retriever(st: Store, embedder: Embedder, validity: bool) -> Retriever:

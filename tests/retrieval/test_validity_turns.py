@@ -13,6 +13,7 @@ from memory.embed import Embedder
 from memory.settings import RetrievalSettings
 from memory.store import Store
 from retrieval.retriever import Retriever
+from tests.helpers import store_embedded
 
 USER = "gia"
 TURNS = [("t1", 1, "I submitted my cover letter to Greg for review on April 10 and I'm waiting for feedback."),
@@ -45,13 +46,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store
                       "text": content, "source_ids": [mid], "valid_from": _ts(day).isoformat(),
                       "valid_until": until, "superseded_by": sup, "contradicts_sources": against,
                       "supersede_version": "test"})
-    for m, v in zip(msgs, embedder.embed([f"Gia: {m['text']}" for m in msgs])):
-        m["vector"] = v
-    for f, v in zip(frags, embedder.embed([f["text"] for f in frags])):
-        f["vector"] = v
-    st.upsert("messages", msgs)
-    st.upsert("fragments", frags)
-    return st
+    return store_embedded(st, embedder, msgs, frags)
 
 
 def _on(st: Store, embedder: Embedder) -> Retriever:
