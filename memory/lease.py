@@ -35,10 +35,10 @@ import socket
 import tempfile
 import threading
 import time
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any
 
 try:
     import fcntl
@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - Windows: leases are in-process only th
     fcntl = None  # type: ignore[assignment]
 
 from memory.errors import ConfigError, MnemoError, RunInProgressError, StoreBusyError, StoreError
+from memory.lease_reentrant import ReentrantLease
 from memory.lease_row import LEASE_TTL_S, RowLease
 
 #: the lock file of each lease, inside a local store directory
@@ -76,33 +77,34 @@ def lock_path(uri: str, kind: str) -> Path | None:
     return Path(tempfile.gettempdir()) / f"mnemo-leases-{key}" / name
 
 
-class Lease:
+class Lease(ReentrantLease):
     """An exclusive lock on one file: re-entrant in the holding thread, exclusive between threads of a
     process (a mutex) and between processes (`flock`, dropped by the OS when the holder dies)."""
 
     def __init__(self, path: Path | None) -> None:
+        super().__init__()
         self.path = path
-        self._mutex = threading.RLock()
-        self._depth = 0
         self._fd: int | None = None
 
-    def acquire(self, wait_s: float) -> bool:
-        """Take the lease, waiting up to `wait_s` seconds; False when it stayed held elsewhere."""
-        deadline = time.monotonic() + max(0.0, wait_s)
-        if not self._mutex.acquire(timeout=max(0.0, wait_s)):
+    def take_first(self, deadline: float) -> bool:
+        if self.path is None or fcntl is None:
+            return True                              # memory:// (or no flock): the mutex alone
+        fd = self._lock_file(deadline)
+        if fd is None:
             return False
-        if self._depth == 0 and self.path is not None and fcntl is not None:
-            try:
-                fd = self._lock_file(deadline)
-            except BaseException:
-                self._mutex.release()
-                raise
-            if fd is None:
-                self._mutex.release()
-                return False
-            self._fd = fd
-        self._depth += 1
+        self._fd = fd
         return True
+
+    def release_last(self) -> None:
+        if self._fd is not None and fcntl is not None:
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def where(self) -> dict[str, Any]:
+        return {"path": str(self.path)}
 
     def _lock_file(self, deadline: float) -> int | None:
         assert self.path is not None and fcntl is not None
@@ -131,28 +133,6 @@ class Lease:
         os.pwrite(fd, stamp.encode()[:_STAMP_BYTES - 1].ljust(_STAMP_BYTES - 1) + b"\n", 0)
         return fd
 
-    def release(self) -> None:
-        """Give one level of the lease back (the lock itself when the outermost holder releases)."""
-        if self._depth <= 0:
-            raise MnemoError("lease released more often than taken", path=str(self.path))
-        self._depth -= 1
-        if self._depth == 0 and self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
-        self._mutex.release()
-
-    def held(self) -> bool:
-        """Whether this thread holds the lease."""
-        if not self._mutex.acquire(blocking=False):
-            return False
-        try:
-            return self._depth > 0
-        finally:
-            self._mutex.release()
-
     def holder(self) -> str:
         """Who last took the lease, as `pid P on HOST since T` ("" when unknown)."""
         try:
@@ -161,21 +141,10 @@ class Lease:
             return ""
         return f"pid {pid} on {host} since {since}" if pid else ""
 
-    @contextmanager
-    def hold(self, wait_s: float, error: Callable[[], MnemoError]) -> Iterator[None]:
-        """Hold the lease for a block; raise `error()` when it cannot be had within `wait_s`."""
-        if not self.acquire(wait_s):
-            raise error()
-        try:
-            yield
-        finally:
-            self.release()
-
-    def _reset(self) -> None:
+    def reset_after_fork(self) -> None:
         """In a forked child: the parent's holds are not the child's (its copy of the fd is closed;
         closing a copy never drops the parent's flock)."""
-        self._mutex = threading.RLock()
-        self._depth = 0
+        super().reset_after_fork()
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -225,7 +194,7 @@ def _after_fork() -> None:
     global _LEASES_GUARD
     _LEASES_GUARD = threading.Lock()
     for held in _LEASES.values():
-        held._reset()
+        held.reset_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

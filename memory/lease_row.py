@@ -30,15 +30,15 @@ import socket
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import lancedb
 import pyarrow as pa
 
 from memory import schemas
-from memory.errors import MnemoError, StoreError
+from memory.errors import StoreError
+from memory.lease_reentrant import ReentrantLease
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +55,14 @@ def _sql_ts(when: datetime) -> str:
     return "timestamp '" + when.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f") + "'"
 
 
-class RowLease:
+class RowLease(ReentrantLease):
     """A lease row of one kind ("write", "run") in the store at `uri`; re-entrant in the holding
     thread, exclusive between threads, processes and hosts (see the module doc)."""
 
     def __init__(self, uri: str, kind: str, ttl_s: float = LEASE_TTL_S) -> None:
+        super().__init__()
         self.uri, self.kind, self.ttl_s = uri, kind, float(ttl_s)
         self.path = None
-        self._mutex = threading.RLock()
-        self._depth = 0
         self._token: str | None = None
         self._valid_until = 0.0            # monotonic time after which this holder stops trusting its row
         self._stop = threading.Event()
@@ -149,59 +148,37 @@ class RowLease:
                 return
 
     # -- the Lease interface ------------------------------------------------------------------
-    def acquire(self, wait_s: float) -> bool:
-        """Take the lease, waiting up to `wait_s` seconds; False when another holder kept it."""
-        deadline = time.monotonic() + max(0.0, wait_s)
-        if not self._mutex.acquire(timeout=max(0.0, wait_s)):
-            return False
-        if self._depth == 0:
-            token = uuid.uuid4().hex
-            pause = 0.02
-            try:
-                while not self._take_or_retry(token):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self._mutex.release()
-                        return False
-                    time.sleep(min(pause, left))
-                    pause = min(pause * 2, _MAX_POLL_S)
-            except BaseException:
-                self._mutex.release()
-                raise
-            self._token = token
-            self._stop = threading.Event()
-            self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
-                                             name=f"mnemo-lease-{self.kind}")
-            self._renewer.start()
-        self._depth += 1
+    def take_first(self, deadline: float) -> bool:
+        """Take the row by `deadline` (retried with backoff), then keep it renewed in a thread."""
+        token = uuid.uuid4().hex
+        pause = 0.02
+        while not self._take_or_retry(token):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_POLL_S)
+        self._token = token
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, daemon=True, name=f"mnemo-lease-{self.kind}")
+        self._renewer.start()
         return True
 
-    def release(self) -> None:
-        """Give one level back; the outermost release deletes the row (when it is still ours)."""
-        if self._depth <= 0:
-            raise MnemoError("lease released more often than taken", uri=self.uri)
-        self._depth -= 1
-        if self._depth == 0:
-            token, self._token = self._token, None
-            self._stop.set()
-            if self._renewer is not None:
-                self._renewer.join()
-                self._renewer = None
-            self._valid_until = 0.0
-            try:
-                self._table().delete(f"id = '{self.kind}' AND holder = '{token}'")
-            except Exception as exc:   # the row then expires on its own
-                log.warning("releasing the %s lease of %s failed: %s", self.kind, self.uri, exc)
-        self._mutex.release()
-
-    def held(self) -> bool:
-        """Whether this thread holds the lease."""
-        if not self._mutex.acquire(blocking=False):
-            return False
+    def release_last(self) -> None:
+        """Stop renewing and delete the row (when it is still ours)."""
+        token, self._token = self._token, None
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        self._valid_until = 0.0
         try:
-            return self._depth > 0
-        finally:
-            self._mutex.release()
+            self._table().delete(f"id = '{self.kind}' AND holder = '{token}'")
+        except Exception as exc:   # the row then expires on its own
+            log.warning("releasing the %s lease of %s failed: %s", self.kind, self.uri, exc)
+
+    def where(self) -> dict[str, Any]:
+        return {"uri": self.uri}
 
     def valid(self) -> bool:
         """Whether this holder's row is still surely its own (renewed within `ttl_s`)."""
@@ -218,20 +195,9 @@ class RowLease:
         return (f"pid {r['pid']} on {r['host']} since {r['acquired_at']:%Y-%m-%dT%H:%M:%S} "
                 f"until {r['expires_at']:%Y-%m-%dT%H:%M:%S}")
 
-    @contextmanager
-    def hold(self, wait_s: float, error: Callable[[], MnemoError]) -> Iterator[None]:
-        """Hold the lease for a block; raise `error()` when it cannot be had within `wait_s`."""
-        if not self.acquire(wait_s):
-            raise error()
-        try:
-            yield
-        finally:
-            self.release()
-
-    def _reset(self) -> None:
+    def reset_after_fork(self) -> None:
         """In a forked child: the parent's hold is not the child's."""
-        self._mutex = threading.RLock()
-        self._depth = 0
+        super().reset_after_fork()
         self._token = None
         self._renewer = None
         self._tbl = None
