@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -224,3 +225,25 @@ def store_embedded(st: Store, emb: "Embedder", messages: list[dict[str, Any]],
     st.upsert("messages", messages)
     st.upsert("fragments", fragments)
     return st
+
+
+@contextmanager
+def run_lease_held(uri: str) -> Iterator[None]:
+    """While the block runs, another thread holds the store's run lease (a consolidation in progress)."""
+    from memory.lease import run_lease
+
+    held, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with run_lease(uri):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=run)
+    t.start()
+    held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        t.join()

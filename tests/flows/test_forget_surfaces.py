@@ -4,7 +4,6 @@ memories."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -14,10 +13,10 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.service import create_app
 from memory.embed import Embedder
-from memory.lease import run_lease
 from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
 from retrieval import Retriever
+from tests.helpers import run_lease_held
 
 KEY = "forget-secret"
 
@@ -43,21 +42,8 @@ def test_cli_forgets_a_session_and_reports(sample_store: Store) -> None:
 
 
 def test_cli_exits_75_while_a_consolidation_runs(sample_store: Store) -> None:
-    held, release = threading.Event(), threading.Event()
-
-    def run() -> None:
-        with run_lease(sample_store.uri):
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=run)
-    t.start()
-    held.wait(10)
-    try:
+    with run_lease_held(sample_store.uri):
         out = invoke("--store", sample_store.uri, "forget", "alice")
-    finally:
-        release.set()
-        t.join()
     assert out.exit_code == 75, out.output
     assert sample_store.read("messages", "alice").num_rows > 0
 
@@ -82,19 +68,6 @@ def test_http_forget_routes(sample_store: Store, embedder: Embedder,
         assert gone.status_code == 200 and gone.json()["deleted"]["messages"] > 0
         assert c.post("/v1/users/bob/retrieve", json=query).json()["items"] == []
         assert c.delete("/v1/users/bob").json()["messages"] == 0
-        held, release = threading.Event(), threading.Event()
-
-        def run() -> None:
-            with run_lease(sample_store.uri):
-                held.set()
-                release.wait(10)
-
-        t = threading.Thread(target=run)
-        t.start()
-        held.wait(10)
-        try:
+        with run_lease_held(sample_store.uri):
             busy = c.delete("/v1/users/alice")
-        finally:
-            release.set()
-            t.join()
         assert busy.status_code == 409 and "in progress" in busy.json()["detail"]

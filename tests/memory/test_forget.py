@@ -4,43 +4,25 @@ crash-safe, refused during a run, and the LLM cache purged through its reverse i
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lancedb.expr import col, lit
 
+from evaluation.forget import BACKEND as CACHED_RULES   # `rules` answered through a live backend's path
 from memory.errors import RunInProgressError
 from memory.forget import forget
 from memory.ingest import ingest
-from memory.lease import run_lease
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
 from retrieval import Retriever
-from tests.helpers import SAMPLE, Killed, copy_store, killed_before
+from tests.helpers import SAMPLE, Killed, copy_store, killed_before, run_lease_held
 
 CANARY = "ZQXCANARY42"       # in one message of alice-s1
 SESSION_CANARY = "ZQXSESSION77"  # in a message of alice-s2, the session forgotten whole
 BOB_CANARY = "ZQXBOBCANARY9"  # bob's: must survive every forget of alice
-
-
-@register_backend("rules-live-test")
-class _LiveRules(LLMBackend):
-    """`rules` answers through a live backend's path (response cache and reverse index included)."""
-
-    name = "rules-live-test"
-    live = True
-    default_model = "rules-live-test"
-
-    def __init__(self, model: str = "") -> None:
-        super().__init__(model)
-        self.rules = get_backend("rules")
-
-    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
-        return self.rules.complete(requests)
 
 
 def canary_archive(path: Path, drop_session: str | None = None) -> Path:
@@ -174,27 +156,13 @@ def test_crash_midway_is_completed_by_the_next_forget(canary_store: Path, tmp_pa
 
 def test_forget_waits_for_a_running_consolidation(canary_store: Path, tmp_path: Path) -> None:
     store, s, _ = fresh(canary_store, tmp_path)
-    held, release = threading.Event(), threading.Event()
-
-    def run() -> None:
-        with run_lease(store.uri):
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=run)
-    t.start()
-    held.wait(10)
-    try:
-        with pytest.raises(RunInProgressError):
-            forget(store, s.with_overrides(run_lease_wait_s=0.2), "alice", sessions=["alice-s2"])
-    finally:
-        release.set()
-        t.join()
+    with run_lease_held(store.uri), pytest.raises(RunInProgressError):
+        forget(store, s.with_overrides(run_lease_wait_s=0.2), "alice", sessions=["alice-s2"])
     assert store.read("messages", where=col("session_id") == lit("alice-s2")).num_rows > 0
 
 
 def test_cache_entries_of_forgotten_messages_are_deleted(tmp_path: Path) -> None:
-    store, s = build(tmp_path / "store", canary_archive(tmp_path / "c.jsonl"), llm="rules-live-test")
+    store, s = build(tmp_path / "store", canary_archive(tmp_path / "c.jsonl"), llm=CACHED_RULES)
     cache = store.read("llm_cache", columns=["id", "user_id", "message_ids"]).to_pylist()
     assert cache and all(r["user_id"] in ("alice", "bob") for r in cache)
     assert any("alice-s2-m01" in (r["message_ids"] or []) for r in cache)
