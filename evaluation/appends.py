@@ -151,19 +151,23 @@ def _run(url: str, texts: list[str], queries: list[str], reader_user: str, users
         start_at = time.time() + 0.5
         written = pool.submit(_writers, url, texts, users, start_at=start_at, seconds=seconds, batch=batch,
                               session_batches=session_batches, rate=rate)
-        threads = [threading.Thread(target=reader, daemon=True) for _ in range(readers)]
         time.sleep(max(0.0, start_at - time.time()))
         t0 = time.perf_counter()
-        for th in threads:
-            th.start()
-        time.sleep(seconds)
-        stop.set()
-        for th in threads:
-            th.join(timeout=120)
+        run_for([threading.Thread(target=reader, daemon=True) for _ in range(readers)], seconds, stop)
         w = written.result(timeout=300)
         wall = max(time.perf_counter() - t0, w["wall"])
     return {"wall": wall, "window": seconds, "added": w["added"], "batch_ms": w["batch_ms"],
             "retrieve_ms": retrieve_ms, "served_ms": served_ms, "index_ms": index_ms, "errors": w["errors"] + errors}
+
+
+def run_for(threads: list[threading.Thread], seconds: float, stop: threading.Event) -> None:
+    """Start `threads`, let them run `seconds`, then set `stop` and wait for them."""
+    for th in threads:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join(timeout=120)
 
 
 def _writers(url: str, texts: list[str], users: list[str], *, start_at: float, seconds: float, batch: int,
@@ -204,13 +208,7 @@ def _writers(url: str, texts: list[str], users: list[str], *, start_at: float, s
                     continue
                 added[w] += res.json()["added"]   # every batch counted was sent within the window
 
-    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(writers)]
-    for th in threads:
-        th.start()
-    time.sleep(seconds)
-    stop.set()
-    for th in threads:
-        th.join(timeout=120)
+    run_for([threading.Thread(target=writer, args=(w,), daemon=True) for w in range(writers)], seconds, stop)
     return {"wall": time.perf_counter() - began, "added": sum(added), "batch_ms": [x for xs in batch_ms for x in xs],
             "errors": errors}
 
