@@ -102,11 +102,11 @@ class Store:
     def table(self, name: str) -> Any:
         """Open a table, creating it empty with its schema when missing."""
         evolve = False
-        schema = schemas.schema_for(name, self.dim)
         with self._lock:
             tbl = self._tables.get(name)
         if tbl is not None:
             return tbl
+        schema = schemas.schema_for(name, self.dim)
         opened = self.db.open_table(name) if self.has_table(name) else None   # outside `_lock`: tables
         with self._lock:                                                     # open in parallel
             tbl = self._tables.get(name)
