@@ -308,8 +308,11 @@ def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
         return {r["id"] for r in rows if (r[column] is not None and r[column] > w)
                 or (extra == "level" and r["level"] == "profile")}
 
-    for name in ("fragments", "insights", "clusters", "graph_nodes"):
+    for name in ("fragments", "insights", "clusters"):
         out.setdefault(name, set()).update(after(name, "session_ts"))
+    nodes = store.read("graph_nodes", user, columns=["id", "session_ts", "node_id"]).to_pylist()
+    out.setdefault("graph_nodes", set()).update(r["id"] for r in nodes if r["session_ts"] is not None
+                                                and r["session_ts"] > w)
     out["topics"] = out.get("topics", set()) | after("topics", "created_ts")
     rolled = {t.id for t in load_bank(store, user, w)[1]}
     out["topics"] -= rolled   # rewritten as they stood at W (history after W undone), not deleted
@@ -317,7 +320,6 @@ def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
     out["links"] = out.get("links", set()) | {
         r["id"] for r in store.read("links", user, columns=["id", "pool_cluster_id", "new_cluster_id"]).to_pylist()
         if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
-    nodes = store.read("graph_nodes", user, columns=["id", "node_id"]).to_pylist()
     dead = {r["node_id"] for r in nodes if r["id"] in out["graph_nodes"]}
     out["graph_edges"] = {r["id"] for r in store.read("graph_edges", user, columns=["id", "src_id", "dst_id"]).to_pylist()
                           if r["src_id"] in dead or r["dst_id"] in dead}
