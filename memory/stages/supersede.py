@@ -109,6 +109,7 @@ class Turns:
         self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
             np.zeros((0, 1), dtype=np.float32)
         self._sentences: dict[int, list[str]] = {}
+        self._openings: dict[int, list[str]] = {}
         self._qindex: dict[tuple[str, str], set[int]] | None = None
 
     def same_quantity(self, f: dict[str, Any]) -> list[int]:
@@ -138,6 +139,12 @@ class Turns:
                                   and is_statement({"content": s})]
         return self._sentences[j]
 
+    def openings(self, j: int) -> list[str]:
+        """The first `MAX_SENTENCES` sentences of turn j, where a turn states its situation (cached)."""
+        if j not in self._openings:
+            self._openings[j] = split_sentences(str(self.rows[j].get("text") or ""))[:MAX_SENTENCES]
+        return self._openings[j]
+
     def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
         """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
         for a statement that gives a quantity a new value (`decide`): no fragment backs the turn."""
@@ -150,8 +157,7 @@ class Turns:
         `contradiction`: `f` says "never ..." of what the turn states)."""
         if not is_statement(f) or not says_never(f):
             return []
-        return self._older_turns(f, vec, since, "contradiction",
-                                 lambda j: split_sentences(str(self.rows[j].get("text") or ""))[:MAX_SENTENCES])
+        return self._older_turns(f, vec, since, "contradiction", self.openings)
 
     def _older_turns(self, f: dict[str, Any], vec: np.ndarray, since: str, verdict: str,
                      sentences: Callable[[int], list[str]]) -> list[str]:
@@ -319,17 +325,19 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
 
 
 def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = (),
-           skip: Iterable[str] = ()) -> tuple[dict[str, datetime], Turns]:
+           skip: Iterable[str] = (), vectors: bool = True) -> tuple[dict[str, datetime], Turns]:
     """The user's message times and turns with vectors (stored, then `extra`, the shard's), but
-    not the turns of the `skip` speakers (`RetrievalSettings.assistant_speakers`)."""
+    not the turns of the `skip` speakers (`RetrievalSettings.assistant_speakers`); with `vectors`
+    False only the times are read (LLM backends decide without the turns)."""
     rows: dict[str, dict[str, Any]] = {}
     if store.has_table("messages"):
-        cols = ["id", "message_id", "speaker", "text", "ts", "vector"]
+        cols = ["id", "message_id", "speaker", "text", "ts", "vector"] if vectors else ["message_id", "ts"]
         rows = {m["message_id"]: m for m in store.read("messages", user, columns=cols).to_pylist()}
     for m in extra:
         if m.get("ts") is not None:
             rows[m["message_id"]] = {**rows.get(m["message_id"], {}), **m}
-    return {k: m["ts"] for k, m in rows.items() if m.get("ts") is not None}, Turns(list(rows.values()), skip)
+    times = {k: m["ts"] for k, m in rows.items() if m.get("ts") is not None}
+    return times, Turns(list(rows.values()) if vectors else [], skip)
 
 
 def _stored(store: Store, user: str, exclude: set[str]) -> list[dict[str, Any]]:
@@ -356,7 +364,8 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
             for s in state.sessions:
                 if s.user_id == user:
                     msgs += s.messages
-            message_ts, turns = _turns(ctx.store, user, msgs, ctx.settings.retrieval.assistant_speakers)
+            message_ts, turns = _turns(ctx.store, user, msgs, ctx.settings.retrieval.assistant_speakers,
+                                       vectors=rules)
             changed = plan(stored + new, ids, message_ts, decide_rules=rules, turns=turns if rules else None)
             if rules:
                 changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns))
