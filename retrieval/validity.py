@@ -67,16 +67,6 @@ class Validity:
     def empty(self) -> bool:
         return not self.superseded_by and not self.contradicts and not self.replaced_in and not self.against
 
-    def current(self, memory_id: str) -> str:
-        """The end of the `superseded_by` chain from `memory_id` (itself when current)."""
-        cur = memory_id
-        for _ in range(MAX_CHAIN):
-            nxt = self.superseded_by.get(cur)
-            if nxt is None or nxt == memory_id:
-                break
-            cur = nxt
-        return cur
-
     def newer(self, memory_id: str) -> list[str]:
         """The `superseded_by` chain after `memory_id`: its replacement, that one's, ... the current."""
         out: list[str] = []

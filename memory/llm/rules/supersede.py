@@ -43,7 +43,7 @@ from typing import Any
 from memory.text import content_tokens, is_content
 
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "same_key", "is_statement",
-           "has_change_cue", "says_never", "WINDOW", "CUE_WORDS",
+           "says_never", "WINDOW", "CUE_WORDS",
            "MIN_SHARED"]
 
 SUPERSEDE_VERSION = "rules-supersede-v3"
@@ -297,11 +297,6 @@ def is_statement(f: dict[str, Any]) -> bool:
 def says_never(f: dict[str, Any]) -> bool:
     """The fragment negates something for all time (``never``, ``not yet``...)."""
     return bool(_NEVER_RE.search(str(f.get("content") or "")))
-
-
-def has_change_cue(f: dict[str, Any]) -> bool:
-    """The fragment says something changed (``now``, ``recently``, ``new``, ``has reached``...)."""
-    return bool(_CHANGE_RE.search(str(f.get("content") or "")))
 
 
 def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> str | None:
