@@ -59,7 +59,8 @@ def in_unit(store: "Store") -> bool:
 
 def table_versions(store: "Store") -> dict[str, int]:
     """The latest version of every data table of the store."""
-    return {name: store.version(name) for name in sorted(store.table_names()) if name not in HIDDEN}
+    names = [name for name in sorted(store.table_names()) if name not in HIDDEN]
+    return dict(zip(names, _VERSIONS.map(store.version, names)))
 
 
 def latest_marker(store: "Store") -> dict[str, Any] | None:
