@@ -31,7 +31,7 @@ from memory.ingest.write import store_batch
 from memory.settings import RetrievalSettings
 from memory.store import Store
 
-__all__ = ["AppendReport", "append", "APPEND_ARCHIVE", "OTHER_USER", "Compactor"]
+__all__ = ["AppendReport", "append", "check_batch", "APPEND_ARCHIVE", "OTHER_USER", "Compactor"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,17 @@ class AppendReport:
                 f"stored, {len(self.quarantined)} quarantined; {self.seconds * 1000:.0f} ms")
 
 
+def check_batch(user_id: str, turns: Sequence[Any], max_messages: int | None = None) -> str:
+    """The validated user id of an append batch; InvalidUserIdError for a bad one, AppendTooLargeError
+    over `max_messages` turns (default: `RetrievalSettings.append_max_messages`)."""
+    user_id = validate_user_id(user_id)
+    limit = max_messages or RetrievalSettings().append_max_messages
+    if len(turns) > limit:
+        raise AppendTooLargeError(f"an append batch carries at most {limit} turns, got {len(turns)}: split it "
+                                  "(append_max_messages)", limit=limit, received=len(turns))
+    return user_id
+
+
 def append(store: Store, user_id: str, turns: Sequence[Any], *, max_messages: int | None = None,
            run_id: str | None = None) -> AppendReport:
     """Validate one batch of the user's turns like an ingest and upsert what is new (see the module doc).
@@ -69,11 +80,7 @@ def append(store: Store, user_id: str, turns: Sequence[Any], *, max_messages: in
     Raises InvalidUserIdError for a bad `user_id` and AppendTooLargeError over `max_messages` turns
     (default: `RetrievalSettings.append_max_messages`); a bad turn is quarantined, never raised."""
     start = time.perf_counter()
-    user_id = validate_user_id(user_id)
-    limit = max_messages or RetrievalSettings().append_max_messages
-    if len(turns) > limit:
-        raise AppendTooLargeError(f"an append batch carries at most {limit} turns, got {len(turns)}: split it "
-                                  "(append_max_messages)", limit=limit, received=len(turns))
+    user_id = check_batch(user_id, turns, max_messages)
     run_id = run_id or f"append-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     sources = {_source(user_id, i): i for i in range(len(turns))}
     records, quarantine, read = validate_rows(_read_turns(user_id, turns))

@@ -28,9 +28,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Sequence
 
-from memory.errors import AppendTooLargeError, StoreError
-from memory.ids import validate_user_id
-from memory.ingest.append import AppendReport, Compactor, append
+from memory.errors import StoreError
+from memory.ingest.append import AppendReport, Compactor, append, check_batch
 from memory.store import Store
 
 __all__ = ["AppendWorker", "TRACKED_TABLE"]
@@ -103,10 +102,7 @@ class AppendWorker:
     def submit(self, user_id: str, turns: Sequence[Any], max_messages: int) -> Future[AppendReport]:
         """Send one batch to the child; the future holds its report (or its error). A bad user id or
         too many turns are refused here, before anything is sent."""
-        user_id = validate_user_id(user_id)
-        if len(turns) > max_messages:
-            raise AppendTooLargeError(f"an append batch carries at most {max_messages} turns, got {len(turns)}: "
-                                      "split it (append_max_messages)", limit=max_messages, received=len(turns))
+        user_id = check_batch(user_id, turns, max_messages)
         done: Future[AppendReport] = Future()
         done.set_running_or_notify_cancel()   # a caller that gives up (a dropped request) cannot cancel it
         self._send(done, user_id, list(turns), max_messages, retry=True)
