@@ -14,8 +14,6 @@ not compacted by default either; a table that large would need Lance's own `comp
 from __future__ import annotations
 
 import logging
-import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Iterable
 
@@ -45,14 +43,14 @@ def purge(store: Store, touched: Iterable[str]) -> list[str]:
     for name in store.table_names():
         if name in HIDDEN:   # the commit marker and lease rows: no data, and in use
             continue
-        with store.write_lease():
-            tbl = store.table(name)
-            tbl.checkout_latest()
-            if name in touched and tbl.count_rows() and tbl.stats()["fragment_stats"]["num_fragments"] == 1:
-                nudge(store, name)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")   # "cleanup_older_than=0 removes every version": wanted
-                tbl.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+        with store.write_lease():   # the nudge and the compaction: one hold
+            if name in touched:
+                tbl = store.table(name)
+                tbl.checkout_latest()
+                if tbl.count_rows() and tbl.stats()["fragment_stats"]["num_fragments"] == 1:
+                    nudge(store, name)
+            # every table, even an empty one (-1), and every version but the latest (0); failures raise
+            store.optimize_table(name, min_fragments=-1, cleanup_older_than_s=0, delete_unverified=True)
         if name in touched:
             done.append(name)
     return done

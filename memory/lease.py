@@ -204,8 +204,12 @@ if hasattr(os, "register_at_fork"):
 def write_lease(uri: str, wait_s: float = WRITE_LEASE_WAIT_S, backend: str = "auto",
                 ttl_s: float = LEASE_TTL_S) -> AbstractContextManager[None]:
     """Hold the writer lease of the store at `uri` for a block (raises `StoreBusyError` after `wait_s`)."""
-    held = lease(uri, "write", backend, ttl_s)
+    return hold_write(lease(uri, "write", backend, ttl_s), uri, wait_s)
 
+
+def hold_write(held: Lease | RowLease, uri: str, wait_s: float = WRITE_LEASE_WAIT_S) -> AbstractContextManager[None]:
+    """`write_lease` with the writer lease `held` already looked up (`lease(uri, "write", ...)`): a
+    `Store` needs the object itself too, and so looks it up once per write, not twice."""
     def busy() -> MnemoError:
         who = held.holder()
         return StoreBusyError(

@@ -28,7 +28,7 @@ from lancedb.expr import Expr, col, lit
 from memory import schemas, units
 from memory.errors import StoreBusyError, StoreError, VersionGoneError
 from memory.ids import validate_user_id
-from memory.lease import WRITE_LEASE_WAIT_S, lease, store_key, write_lease
+from memory.lease import WRITE_LEASE_WAIT_S, hold_write, lease, store_key
 from memory.lease_row import LEASE_TTL_S, RowLease
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,16 @@ class Store:
             while len(self._inserts) > INSERTS_KEPT:
                 self._inserts.popitem(last=False)
 
+    def last_insert(self, name: str) -> tuple[int, int, frozenset[str]] | None:
+        """The newest noted insert of `name` (`note_insert`): its version before, its version and the
+        users whose rows it added; None when none is remembered. A writer in another process passes
+        it on (`memory.ingest.append_worker`) instead of reading the table's version twice."""
+        with self._lock:
+            for (table, after), (before, users) in reversed(self._inserts.items()):
+                if table == name:
+                    return before, after, users
+        return None
+
     def inserted_only(self, name: str, old: int, new: int, user_id: str) -> bool:
         """Whether every version of `name` after `old` up to `new` was a noted insert of other users'
         rows: then `user_id`'s rows sit where they sat at `old` (the retrieval cache keeps
@@ -242,7 +252,7 @@ class Store:
         for readers). Raises StoreBusyError after `write_lease_wait_s`, or when a lease row was lost."""
         held = lease(self.uri, "write", self.lease_backend, self.lease_ttl_s)
         outermost = not held.held()
-        with write_lease(self.uri, self.write_lease_wait_s, self.lease_backend, self.lease_ttl_s):
+        with hold_write(held, self.uri, self.write_lease_wait_s):
             if isinstance(held, RowLease) and not held.valid():
                 raise StoreBusyError(f"store {self.uri}: this writer's lease expired before it could renew "
                                      f"it (lease_ttl_s {self.lease_ttl_s:g}); retry", uri=self.uri)
@@ -276,24 +286,35 @@ class Store:
         """Compact the data files of `tables` (default: all) holding more than `min_fragments` fragments,
         refresh their indices and delete the files of versions created over `cleanup_older_than_s` ago
         (never the latest; None: LanceDB's 7 days). Every write makes a version and most a fragment, so
-        without this a store's file count grows with its runs. Returns the tables compacted."""
+        without this a store's file count grows with its runs. A table that fails is logged and
+        skipped (`optimize_table` raises). Returns the tables compacted."""
         done = []
-        older = None if cleanup_older_than_s is None else timedelta(seconds=cleanup_older_than_s)
         names = set(self.table_names())
         for name in sorted(set(tables) & names if tables is not None else names):
             try:
-                with self.write_lease():
-                    tbl = self.table(name)
-                    tbl.checkout_latest()
-                    if tbl.stats()["fragment_stats"]["num_fragments"] <= min_fragments:
-                        continue
-                    with warnings.catch_warnings():  # the warning about short cleanups: see the setting
-                        warnings.simplefilter("ignore", UserWarning)
-                        tbl.optimize(cleanup_older_than=older)
-                done.append(name)
+                if self.optimize_table(name, min_fragments=min_fragments, cleanup_older_than_s=cleanup_older_than_s):
+                    done.append(name)
             except Exception as exc:  # compaction is an optimisation; never fail a run for it
                 log.warning("optimize %s failed: %s", name, exc)
         return done
+
+    def optimize_table(self, name: str, *, min_fragments: int = 0, cleanup_older_than_s: float | None = None,
+                       delete_unverified: bool = False) -> bool:
+        """`optimize` of one table, under the writer lease, raising what fails (a purge must not pass a
+        failure by: `memory.forget_purge`). `min_fragments` -1 takes an empty table too (its old
+        versions may still hold files); `cleanup_older_than_s` 0 removes every version but the latest;
+        `delete_unverified` also removes recent files that no version names (left by an unfinished
+        commit; safe only because the lease keeps other writers out). Returns whether it compacted."""
+        older = None if cleanup_older_than_s is None else timedelta(seconds=cleanup_older_than_s)
+        with self.write_lease():
+            tbl = self.table(name)
+            tbl.checkout_latest()
+            if min_fragments >= 0 and tbl.stats()["fragment_stats"]["num_fragments"] <= min_fragments:
+                return False
+            with warnings.catch_warnings():  # the warning about short cleanups (0 included): see the setting
+                warnings.simplefilter("ignore", UserWarning)
+                tbl.optimize(cleanup_older_than=older, delete_unverified=delete_unverified)
+        return True
 
     def data_files(self) -> dict[str, tuple[int, int]]:
         """(data fragments, bytes) of the latest version of every table: what compaction keeps bounded."""
