@@ -24,7 +24,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from memory.errors import AppendTooLargeError
-from memory.ingest import append
 from memory.ingest.append import Compactor
 from memory.ingest.append_worker import AppendWorker
 from retrieval.guard import allow_body
@@ -67,7 +66,4 @@ def register(app: FastAPI, retriever: Retriever) -> None:
     @app.post("/v1/users/{user_id}/messages")
     def append_messages_here(user_id: str, body: AppendRequest) -> dict[str, Any]:
         """Append a batch of the user's turns: counts, and the quarantined turns with their reasons."""
-        report = append(retriever.store, user_id, body.messages, max_messages=settings.append_max_messages)
-        if report.added:
-            compactor.appended()
-        return report.to_dict()
+        return compactor.append(user_id, body.messages, max_messages=settings.append_max_messages).to_dict()

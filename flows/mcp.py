@@ -26,7 +26,6 @@ from mcp.server.mcpserver import MCPServer
 from starlette.types import ASGIApp
 
 from memory.errors import ConfigError
-from memory.ingest import append
 from memory.ingest.append import Compactor
 from retrieval.guard import RequestGuard
 from retrieval.retriever import Retriever
@@ -74,10 +73,7 @@ def build_server(retriever: Retriever) -> MCPServer:
         """Append turns of one user's conversation: objects with session_id, message_id, speaker (or
         role), text and an ISO 8601 timestamp. Bad turns are quarantined and listed with their index
         and reason; re-sending a turn adds nothing. The next consolidation run makes them memory."""
-        report = append(retriever.store, user_id, messages, max_messages=settings.append_max_messages)
-        if report.added:
-            compactor.appended()
-        return report.to_dict()
+        return compactor.append(user_id, messages, max_messages=settings.append_max_messages).to_dict()
 
     @server.tool()
     def give_feedback(user_id: str, query: str, shown_ids: list[str],

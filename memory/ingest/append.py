@@ -138,6 +138,14 @@ class Compactor:
         self._count = 0
         self._thread: threading.Thread | None = None
 
+    def append(self, user_id: str, turns: Sequence[Any], *, max_messages: int | None = None) -> AppendReport:
+        """`append` one batch to this compactor's store and count it (`appended`) when it added rows:
+        what every long-lived writer does per batch."""
+        report = append(self.store, user_id, turns, max_messages=max_messages)
+        if report.added:
+            self.appended()
+        return report
+
     def appended(self) -> None:
         """Count one append batch; start a compaction when `every` batches were counted since the last."""
         with self._lock:

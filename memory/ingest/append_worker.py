@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Sequence
 
 from memory.errors import StoreError
-from memory.ingest.append import AppendReport, Compactor, append, check_batch
+from memory.ingest.append import AppendReport, Compactor, check_batch
 from memory.store import Store
 
 __all__ = ["AppendWorker", "TRACKED_TABLE"]
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: the table appends write that retrieval indexes read (the others, sessions and quarantine, are not)
 TRACKED_TABLE = "messages"
+
+#: a noted insert as the child sends it back: (version before, version after, users), or None
+Noted = tuple[int, int, frozenset[str]] | None
 
 # the child's own store and compactor (set by `_start`, in the child only)
 _CHILD: dict[str, Any] = {}
@@ -59,16 +62,12 @@ def _ready() -> int:
     return os.getpid()
 
 
-def _append(user_id: str, turns: Sequence[Any], max_messages: int) -> tuple[AppendReport, int, int]:
-    """In the child: one append, with the `messages` version before and after it."""
+def _append(user_id: str, turns: Sequence[Any], max_messages: int) -> tuple[AppendReport, Noted]:
+    """In the child: one append, with the `messages` insert its store noted (`Store.last_insert`:
+    versions before and after, and users) when it added rows."""
+    report = _CHILD["compactor"].append(user_id, turns, max_messages=max_messages)
     store: Store = _CHILD["store"]
-    before = store.version(TRACKED_TABLE)
-    report = append(store, user_id, turns, max_messages=max_messages)
-    after = before
-    if report.added:
-        after = store.version(TRACKED_TABLE)
-        _CHILD["compactor"].appended()
-    return report, before, after
+    return report, store.last_insert(TRACKED_TABLE) if report.added else None
 
 
 class AppendWorker:
@@ -121,16 +120,16 @@ class AppendWorker:
             self._died(done, pool, exc, user_id, turns, max_messages, retry)
             return
 
-        def finished(f: Future[tuple[AppendReport, int, int]]) -> None:
+        def finished(f: Future[tuple[AppendReport, Noted]]) -> None:
             exc = f.exception()
             if isinstance(exc, BrokenProcessPool):
                 self._died(done, pool, exc, user_id, turns, max_messages, retry)
             elif exc is not None:
                 done.set_exception(exc)
             else:
-                report, before, after = f.result()
-                if report.added:
-                    self.store.note_insert(TRACKED_TABLE, before, after, [report.user_id])
+                report, noted = f.result()
+                if noted is not None:
+                    self.store.note_insert(TRACKED_TABLE, *noted)
                 done.set_result(report)
 
         sent.add_done_callback(finished)
