@@ -229,8 +229,7 @@ def deletions(store: Store, p: Plan) -> dict[str, set[str]]:
     dels = rollback_ids(store, p) if p.rollback is not None else {}
     dels.setdefault("messages", set()).update(p.row_ids)
     dels.setdefault("observations", set()).update(p.tainted.get("observations", set()))
-    sessions = store.read("sessions", user, columns=["id", "session_id"]).to_pylist()
-    dels.setdefault("sessions", set()).update(r["id"] for r in sessions if r["session_id"] in p.gone_sessions)
+    dels.setdefault("sessions", set()).update(p.gone_session_rows)
     return dels
 
 
@@ -296,21 +295,19 @@ def rederived_counts(state: ShardState) -> dict[str, int]:
 
 
 def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
-    """Ids of the user's derived rows after the rollback point W (and every tainted row)."""
+    """Ids of the user's derived rows after the rollback point W (and every tainted row); the tables
+    `taint` read come from the plan (`p.rows`), the others from the store."""
     assert p.rollback is not None
     w, user = p.rollback, p.user_id
     out: dict[str, set[str]] = {k: set(v) for k, v in p.tainted.items() if k != "observations"}
 
     def after(name: str, column: str, extra: Any = None) -> set[str]:
-        if not store.has_table(name):
-            return set()
-        rows = store.read(name, user, columns=["id", column] + ([extra] if extra else [])).to_pylist()
-        return {r["id"] for r in rows if (r[column] is not None and r[column] > w)
+        return {r["id"] for r in p.rows.get(name, []) if (r[column] is not None and r[column] > w)
                 or (extra == "level" and r["level"] == "profile")}
 
     for name in ("fragments", "insights", "clusters"):
         out.setdefault(name, set()).update(after(name, "session_ts"))
-    nodes = store.read("graph_nodes", user, columns=["id", "session_ts", "node_id"]).to_pylist()
+    nodes = p.rows.get("graph_nodes", [])
     out.setdefault("graph_nodes", set()).update(r["id"] for r in nodes if r["session_ts"] is not None
                                                 and r["session_ts"] > w)
     out["topics"] = out.get("topics", set()) | after("topics", "created_ts")
@@ -318,8 +315,7 @@ def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
     out["topics"] -= rolled   # rewritten as they stood at W (history after W undone), not deleted
     out["summaries"] = out.get("summaries", set()) | after("summaries", "session_ts", "level")
     out["links"] = out.get("links", set()) | {
-        r["id"] for r in store.read("links", user, columns=["id", "pool_cluster_id", "new_cluster_id"]).to_pylist()
-        if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
+        r["id"] for r in p.rows.get("links", []) if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
     dead = {r["node_id"] for r in nodes if r["id"] in out["graph_nodes"]}
     out["graph_edges"] = {r["id"] for r in store.read("graph_edges", user, columns=["id", "src_id", "dst_id"]).to_pylist()
                           if r["src_id"] in dead or r["dst_id"] in dead}

@@ -73,6 +73,9 @@ class Plan:
     watermark: tuple[datetime, int] | None = None
     rerun: list[dict[str, Any]] = field(default_factory=list)   # session rows consolidated again
     done_at_rollback: int = 0
+    gone_session_rows: list[str] = field(default_factory=list)  # their `sessions` row ids
+    # the user's rows `taint` read, per table (`forget.rollback_ids` reuses them instead of reading again)
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -106,14 +109,18 @@ def forgotten_messages(store: Store, scope: Scope, extra: list[str] | None = Non
     return msgs.filter(mask)
 
 
-def taint(store: Store, user: str, gone: set[str]) -> tuple[dict[str, set[str]], list[datetime]]:
+def taint(store: Store, user: str, gone: set[str],
+          keep: dict[str, list[dict[str, Any]]] | None = None) -> tuple[dict[str, set[str]], list[datetime]]:
     """Ids of the user's rows whose provenance reaches a forgotten message id, per table, and the
-    session times of the tainted fragments, insights and clusters."""
+    session times of the tainted fragments, insights and clusters; the rows it reads (with the
+    columns `forget.rollback_ids` needs too) are put in `keep` when given."""
     out: dict[str, set[str]] = {}
     times: list[datetime] = []
+    kept = keep if keep is not None else {}
 
     def rows(name: str, cols: list[str]) -> list[dict[str, Any]]:
-        return store.read(name, user, columns=cols).to_pylist() if store.has_table(name) else []
+        kept[name] = store.read(name, user, columns=cols).to_pylist() if store.has_table(name) else []
+        return kept[name]
 
     frags = [r for r in rows("fragments", ["id", "session_ts", "source_ids"]) if _hits(r["source_ids"], gone)]
     out["fragments"] = {r["id"] for r in frags}
@@ -126,18 +133,18 @@ def taint(store: Store, user: str, gone: set[str]) -> tuple[dict[str, set[str]],
     out["links"] = {r["id"] for r in rows("links", ["id", "pool_cluster_id", "new_cluster_id"])
                     if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
     topics = set()
-    for r in rows("topics", ["id", "source_ids", "history_json"]):
+    for r in rows("topics", ["id", "created_ts", "source_ids", "history_json"]):
         history = json.loads(r["history_json"] or "[]")
         if _hits(r["source_ids"], gone) or any(_hits(h.get("source_ids"), gone) for h in history):
             topics.add(r["id"])
     out["topics"] = topics
-    summaries = rows("summaries", ["id", "level", "source_ids", "member_ids"])
+    summaries = rows("summaries", ["id", "level", "session_ts", "source_ids", "member_ids"])
     phases = {r["id"] for r in summaries if r["level"] != "profile"
               and (_hits(r["source_ids"], gone) or _hits(r["member_ids"], out["fragments"]))}
     out["summaries"] = phases | {r["id"] for r in summaries if r["level"] == "profile"
                                  and (_hits(r["member_ids"], phases) or _hits(r["source_ids"], gone))}
     memories = out["fragments"] | out["insights"]
-    out["graph_nodes"] = {r["id"] for r in rows("graph_nodes", ["id", "node_id"]) if r["node_id"] in memories}
+    out["graph_nodes"] = {r["id"] for r in rows("graph_nodes", ["id", "session_ts", "node_id"]) if r["node_id"] in memories}
     out["observations"] = {r["id"] for r in rows("observations", ["id", "source_ids"]) if _hits(r["source_ids"], gone)}
     return out, times
 
@@ -164,6 +171,7 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
             continue
         if sid not in left:
             p.gone_sessions.append(sid)
+            p.gone_session_rows.append(s["id"])
         else:
             g = left[sid].sort("seq")
             p.cut_sessions[sid] = {**s, "n_messages": g.height,
@@ -174,7 +182,7 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
     if rec.get("old_watermark") and p.watermark is not None:
         old = datetime.fromisoformat(rec["old_watermark"])
         p.watermark = (max(old, p.watermark[0]), p.watermark[1])
-    p.tainted, times = taint(store, user, f_ids)
+    p.tainted, times = taint(store, user, f_ids, p.rows)
     if p.watermark is None:
         return p
     last = p.watermark[0]
