@@ -14,7 +14,11 @@ changes is itself closed by the stored one.
 Turns (`Turns`, `plan_turns`): statements extraction missed are compared turn against turn, the
 user's turns only (not `RetrievalSettings.assistant_speakers`'); a newer turn with no fragment
 keeps its link on the older turn's fragment (closed with `superseded_by` = the newer turn's message
-row, or given the newer turn in `contradicts_sources`).
+row, or given the newer turn in `contradicts_sources`). When neither turn has a fragment holding the
+statement (both said it inside a question: "can you remind me it's moved to 4:30 PM?", "I've never
+met Bryan, can you help me say so?"), the stage makes a *change fragment* of the newer turn's sentence
+(`change_fragments`) that carries the link in `replaces_sources` or `contradicts_sources`: without a
+row, nothing could say the older turn is out of date or denied.
 
 `supersede_user` runs the same decisions on an already consolidated store for one user (fragments
 never examined, `supersede_version` null, or decided by an older rules version), writing the
@@ -34,11 +38,14 @@ import pyarrow.compute as pc
 from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, decide, is_statement,
                                          quantities, says_never)
 from memory.settings import RetrievalSettings
-from memory.stages.shard import ShardState, StageContext, add_rows, has_stored, timed
+from memory.dates import normalize_date, to_date
+from memory.stages.extract import fragment_row
+from memory.stages.shard import SessionWork, ShardState, StageContext, add_rows, has_stored, timed
 from memory.store import Store
-from memory.text import split_sentences
+from memory.text import categorize, key_phrase, split_sentences, third_person
 
-__all__ = ["supersede", "supersede_user", "plan", "NEIGHBOURS", "MIN_SIM", "MAX_CANDIDATES"]
+__all__ = ["supersede", "supersede_user", "plan", "plan_turns", "change_fragments", "Unheld", "NEIGHBOURS",
+           "MIN_SIM", "MAX_CANDIDATES"]
 
 #: how the rules' versions start (`SUPERSEDE_VERSION`); LLM prompt versions are never re-decided here
 RULES_PREFIX = "rules-supersede-"
@@ -193,16 +200,23 @@ class Turns:
         return out             # a new value replaces one statement, the nearest; a denial a few
 
 
+#: (newer message id, its sentence, the older message id, the field naming it: `replaces_sources` or
+#: `contradicts_sources`): an update or a denial between two turns no fragment of which holds the
+#: statement (`plan_turns`)
+Unheld = tuple[str, str, str, str]
+
+
 def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
-               version: str = SUPERSEDE_VERSION) -> dict[str, dict[str, Any]]:
+               version: str = SUPERSEDE_VERSION, unheld: list[Unheld] | None = None) -> dict[str, dict[str, Any]]:
     """Turn against turn, for the statements extraction missed: each sentence of a `todo` turn
     (message ids) that gives a quantity a new value is compared with the older turns of its speaker
     (`Turns.replaced`), each "never ..." sentence likewise (`Turns.contradicted`). The link is kept
     on a fragment citing the newer turn (`replaces_sources` / `contradicts_sources`: the older
     turns); when the newer turn has none, on the older turn's fragments: one holding the replaced
     value is closed with `superseded_by` = the newer turn's message row (a memory too), one stating
-    what the newer turn denies gets the newer turn in `contradicts_sources`. Returns the changed
-    fragments by id."""
+    what the newer turn denies gets the newer turn in `contradicts_sources`; an update or a denial
+    no fragment of either turn holds is appended to `unheld` (for `change_fragments`). Returns the
+    changed fragments by id."""
     carriers: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for f in frags:
         for sid in f.get("source_ids") or []:
@@ -240,6 +254,9 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
                     continue
                 for old in found:
                     held = [g for g in carriers.get(old, []) if is_statement(g) and decide(probe, g, 1.0) == verdict]
+                    orphan = not held if verdict == "update" else not carriers.get(old)
+                    if orphan and unheld is not None and (mid, sentence, old, field) not in unheld:
+                        unheld.append((mid, sentence, old, field))
                     if verdict == "update" and m.get("id"):
                         for g in held:
                             if not g.get("superseded_by"):
@@ -368,11 +385,47 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
                                        vectors=rules)
             changed = plan(stored + new, ids, message_ts, decide_rules=rules, turns=turns if rules else None)
             if rules:
-                changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns))
+                unheld: list[Unheld] = []
+                changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns, unheld=unheld))
+                state.fragments += change_fragments(unheld, [s for s in state.sessions if s.user_id == user],
+                                                    ctx, state.run_id)
             closed = [r for fid, r in changed.items() if fid not in ids]
             if closed:
                 add_rows(state, "fragments", closed)
     return state
+
+
+def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], ctx: StageContext,
+                     run_id: str) -> list[dict[str, Any]]:
+    """One fragment per sentence of `unheld` (worded as the rules' extraction words a statement),
+    embedded, naming the older turns in `replaces_sources` (it gives them a new value) or
+    `contradicts_sources` (it denies what they state). Its id is derived from its content like
+    every fragment's, so a rerun makes no duplicate. Turns of a session outside `sessions` (stored
+    ones) get none: their link waits for their own run."""
+    where = {m["message_id"]: (s, m) for s in sessions for m in s.messages}
+    by_sentence: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for mid, sentence, old, field in unheld:
+        if mid in where:
+            olds = by_sentence.setdefault((mid, sentence), {}).setdefault(field, [])
+            if old not in olds:
+                olds.append(old)
+    rows = []
+    for (mid, sentence), links in by_sentence.items():
+        session, m = where[mid]
+        speaker = str(m.get("speaker") or "").strip() or "Unknown"
+        category = categorize(sentence)
+        item = {"subject": speaker, "category": category, "key": key_phrase(sentence, speaker),
+                "content": third_person(sentence, speaker), "source_ids": [mid],
+                "date": normalize_date(sentence, to_date(m.get("ts") or session.ts), category)}
+        row = fragment_row(session, item, run_id=run_id, backend="rules", model="rules",
+                           prompt_version=SUPERSEDE_VERSION)
+        when_said = m.get("ts") or session.ts
+        row.update(links, supersede_version=SUPERSEDE_VERSION, valid_from=when_said.isoformat())
+        rows.append(row)
+    if rows:
+        for row, vec in zip(rows, ctx.embedder.embed([r["text"] for r in rows])):
+            row["vector"] = vec
+    return rows
 
 
 def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None) -> dict[str, int]:

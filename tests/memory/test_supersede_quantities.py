@@ -1,4 +1,4 @@
-"""What `rules` counts as the same quantity (issue 12, rules-supersede-v3): dates and clock times are
+"""What `rules` counts as the same quantity (issue 12, rules-supersede-v4): dates and clock times are
 their own kinds, a unitless number or a date changes only under a change cue, ratios are not
 quantities; older turns are found by the quantity they hold, not only by vector; a store decided by
 an older rules version is decided again. Real LanceDB and the real embedder where turns are involved."""
@@ -14,7 +14,9 @@ import pytest
 
 from memory.embed import Embedder
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, quantities
-from memory.stages.supersede import Turns, supersede_user
+from memory.settings import Settings
+from memory.stages.shard import SessionWork, StageContext
+from memory.stages.supersede import Turns, change_fragments, supersede_user
 from memory.stages.supersede import plan_turns as stage_plan_turns
 from memory.store import Store
 
@@ -36,6 +38,26 @@ def test_dates_and_times_are_their_own_kinds() -> None:
     flat = _f("I secured a furnished apartment in Toronto for $1,100/month near the UWI campus", "m3")
     move = _f("I'm overwhelmed with my move to Toronto and my new orientation at UWI on September 2", "m4")
     assert decide(move, flat, 0.6) is None
+    # a day range is one date: its second day is no bare number an amount could change
+    ranged = {(q.unit, q.value) for q in quantities("I balanced interview prep and a workshop on May 3-4, 2024, "
+                                                    "and cut social media by 3 hours daily")}
+    assert ranged == {("date", 503.0), ("hour", 3.0)}
+    five = _f("I'm kinda curious how I can leverage the fact that I secured 5 interviews to improve my resume", "m6")
+    prep = _f("I'm trying to balance interview prep and a workshop, kinda like I did on May 3-4, 2024", "m5")
+    assert decide(five, prep, 0.6) is None
+    # the same period stated in both is one shared context word: another count for it is an update
+    three = _f("I'm kinda worried that I only secured 3 interviews for executive producer roles between "
+               "April 25 and May 1, 2024", "m7")
+    again = _f("Between April 25 and May 1, 2024, I secured 5 interviews, how can I improve my resume?", "m8")
+    later = _f("I secured 5 interviews and I want to improve my resume before the summer", "m9")
+    assert decide(again, three, 0.6) == "update" and decide(later, three, 0.6) is None
+    # sizes keep their unit; a change under way ("trying to adjust ... to") cues a date
+    peak = _f("I'm trying to reduce the memory usage of my batch resume processing script, it uses 250MB", "m10")
+    now = _f("My batch resume processing memory usage is averaging around 140MB per session", "m11")
+    assert {q.unit for q in quantities(now["content"])} == {"mb"} and decide(now, peak, 0.6) == "update"
+    due = _f("I need to set a sprint deadline of April 1, 2024 for the Instagram automation prototype", "m12")
+    moving = _f("I'm trying to adjust the sprint deadline to April 5, 2024 for the Instagram automation prototype", "m13")
+    assert decide(moving, due, 0.6) == "update"
 
 
 def test_a_unitless_number_or_a_date_needs_a_change_cue() -> None:
@@ -156,3 +178,35 @@ def test_a_turn_that_denies_what_it_states(embedder: Embedder) -> None:
     ok = "I recently completed 15 triangle classification problems with a consistent accuracy above 80%."
     stage_plan_turns(plain, ["m2"], Turns([{**_turn("m2", 1, ok, vec), "id": "msg-m2"}]))
     assert not plain[0].get("contradicts_sources")
+
+
+def test_a_change_no_fragment_holds_gets_a_change_fragment(tmp_path: Path, embedder: Embedder) -> None:
+    """Each turn states its value (or its denial) inside a question, so extraction kept no fragment
+    of either: the update and the denial are collected as unheld and become change fragments of the
+    newer turns, naming the older turns in `replaces_sources` / `contradicts_sources`; built again,
+    they have the same ids (a rerun adds no duplicate)."""
+    texts = [("m1", 1, "I have a Zoom meeting with Professor Danielle on March 22 at 3 PM, what should I ask her?"),
+             ("m2", 2, "Can you remind me that the Zoom meeting with Professor Danielle is rescheduled to "
+                       "March 22 at 4:30 PM?"),
+             ("m3", 3, "How do I use the advice I got from Bryan at the film festival in my personal statement?"),
+             ("m4", 4, "I've never met Bryan at any film festival and never got advice from him, can you help me "
+                       "say so in my personal statement?")]
+    vecs = embedder.embed([t for _, _, t in texts])
+    rows = [{**_turn(m, d, t, v), "id": f"msg-{m}"} for (m, d, t), v in zip(texts, vecs)]
+    unheld: list[tuple[str, str, str, str]] = []
+    assert stage_plan_turns([], ["m2", "m4"], Turns(rows), unheld=unheld) == {}
+    assert sorted((new, old, field) for new, _, old, field in unheld) == [
+        ("m2", "m1", "replaces_sources"), ("m4", "m3", "contradicts_sources")]
+    session = SessionWork(user_id="dana", session_id="s2", ts=rows[1]["ts"], messages=rows[1:])
+    ctx = StageContext(store=Store(str(tmp_path / "store"), dim=embedder.dim), settings=Settings(), run_id="r1",
+                       embedder=embedder)
+    made = {f["source_ids"][0]: f for f in change_fragments(unheld, [session], ctx, "r1")}
+    assert set(made) == {"m2", "m4"}
+    moved, denial = made["m2"], made["m4"]
+    assert moved["replaces_sources"] == ["m1"] and "4:30 PM" in moved["content"]
+    assert denial["contradicts_sources"] == ["m3"] and "replaces_sources" not in denial
+    assert moved["user_id"] == "dana" and moved["supersede_version"] == SUPERSEDE_VERSION
+    assert moved["vector"].shape == (embedder.dim,)
+    again = change_fragments(unheld, [session], ctx, "r1")
+    assert sorted(f["id"] for f in again) == sorted(f["id"] for f in made.values())
+    assert change_fragments(unheld, [], ctx, "r1") == []            # a stored session's turn: none here

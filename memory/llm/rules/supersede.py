@@ -8,7 +8,9 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   agree and their contexts share at least `MIN_SHARED` words (``commits merged main branch``). A
   newer fragment **updates** an older one when they hold the same quantity with different values
   and neither value is also said in the other fragment (``has now reached 165`` after
-  ``150 commits``); a unitless number matches a unit its context names. Dates (``April 5, 2024``)
+  ``150 commits``); a unitless number matches a unit its context names. A date both fragments
+  state counts as one shared context word: the same period, another count (``secured 3 interviews
+  between April 25 and May 1`` / ``secured 5 interviews`` between the same dates). Dates (``April 5, 2024``)
   and clock times (``4:30 PM``) are quantities of their own kind, compared only with their kind
   (their month names left out of the context). Numbers of different things are common, so a
   unitless number, a date or a time only updates when the newer statement says it changed: a change
@@ -46,7 +48,7 @@ __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "same_key", 
            "says_never", "WINDOW", "CUE_WORDS",
            "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v3"
+SUPERSEDE_VERSION = "rules-supersede-v4"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -68,14 +70,18 @@ _VERSION_RE = re.compile(r"\bv?\d+\.\d+\.\d+\b|\bv\d+(?:\.\d+)?\b")
 _CHANGE_RE = re.compile(r"\b(?:now|no\s+longer|anymore|switched|switching|changed|moved|instead|"
                         r"replaced|updated?|new|recently|increased|decreased|extended|reduced|reached|"
                         r"improved|grown|grew|dropped|raised|lowered|rescheduled|postponed|pushed\s+back|"
-                        r"adjusted|revised|shifted|expanded|upgraded|these\s+days)\b", re.IGNORECASE)
+                        r"adjusted|revised|shifted|expanded|upgraded|these\s+days|"
+                        # the verbs of a change under way: "trying to adjust the deadline to April 5"
+                        r"adjust(?:ing)?|chang(?:e|ing)|mov(?:e|ing)|reschedul(?:e|ing)|postpon(?:e|ing)|"
+                        r"extend(?:ing)?|switch(?:ing)?|updating|shift(?:ing)?)\b", re.IGNORECASE)
 _MONTHS = {m: i + 1 for i, ms in enumerate(("january jan", "february feb", "march mar", "april apr", "may",
                                              "june jun", "july jul", "august aug", "september sep sept",
                                              "october oct", "november nov", "december dec"))
            for m in ms.split()}
 _MONTH = r"(?:" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")"
-_DATE_RE = re.compile(rf"\b(?:({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?|(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?"
-                      rf"({_MONTH}))\b(?:,?\s+\d{{4}}\b)?", re.IGNORECASE)
+# a day range ("May 3-4") is one date, its first day: the second day is no number of its own
+_DATE_RE = re.compile(rf"\b(?:({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?(?:\s*[-\u2013]\s*\d{{1,2}}(?:st|nd|rd|th)?)?"
+                      rf"|(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTH}))\b(?:,?\s+\d{{4}}\b)?", re.IGNORECASE)
 _TIME_RE = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s*([ap])\.?m\b\.?", re.IGNORECASE)
 _RANGE_RE = re.compile(r"\s*(?:to|-|\u2013)\s*(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|[A-Za-z][A-Za-z\-]*)")
 _RATIO_RE = re.compile(r"\b\d+\s*[/:]\s*\d+\b")
@@ -84,7 +90,8 @@ _NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s
 _NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
 _CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
-_UNIT_ALIASES = {"percent": "%", "%": "%", "ms": "ms", "s": "s", "k": "k", "x": "x"}
+_UNIT_ALIASES = {"percent": "%", "%": "%", "ms": "ms", "s": "s", "k": "k", "x": "x",
+                 **{u: u for u in ("kb", "mb", "gb", "tb")}}    # sizes: too short for a content word
 #: units of time, which the content-word filter drops (``6 weeks`` is not a unitless 6)
 _MEASURES = {w + s: w for w in ("second", "minute", "hour", "day", "week", "month", "year") for s in ("", "s")}
 _NUMBER_WORDS = frozenset("""user users the a an and or of to in on at by for with from is are was were has have
@@ -193,11 +200,13 @@ def quantity_change(newer: dict[str, Any], older: dict[str, Any]) -> bool:
     if not new_q or not old_q:
         return False
     new_values, old_values = {(_kind(q), q.value) for q in new_q}, {(_kind(q), q.value) for q in old_q}
+    same_period = any(kind == "date" and (kind, v) in old_values for kind, v in new_values)
     for nq in new_q:
         if nq.needs_cue and not nq.cued:
             continue
+        scope = 1 if same_period and _kind(nq) != "date" else 0     # a date both state: one shared word
         for oq in old_q:
-            if not _same_unit(nq, oq) or len(nq.context & oq.context) < MIN_SHARED:
+            if not _same_unit(nq, oq) or len(nq.context & oq.context) + scope < MIN_SHARED:
                 continue
             if (_kind(nq), nq.value) not in old_values and (_kind(oq), oq.value) not in new_values:
                 return True
