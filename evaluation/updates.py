@@ -7,8 +7,8 @@ scale, with the default strategy at k = 10 and validity ordering on vs off (`Ret
 * **updated R@10**: Recall@10 of the `updated_info` messages alone (and of all KU evidence);
 * **contradictions** (contradiction_resolution): share of questions with a message of each
   statement in the top 10 (`both`), and of those where `context()` also flags the pair
-  (`flagged`: an item citing one statement carries a contradiction with an item citing the other,
-  and the context text shows "CONTRADICTS");
+  (`flagged`: an item citing one statement carries a contradiction with a memory citing the other,
+  returned or not, whose text context() shows after "CONTRADICTS");
 * overall R@10 over every ability, to show what the ordering costs elsewhere.
 
 Stores: `--store ROOT` uses `ROOT/SCALE` as it is (chats already consolidated there are not
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -68,18 +68,32 @@ def top_sources(res: RetrievalResult, k: int = K) -> set[str]:
     return set(seen[:k])
 
 
-def flagged(res: RetrievalResult, a: set[str], b: set[str]) -> bool:
-    """An item citing one statement carries a contradiction with a returned item citing the other,
-    and the context shows it."""
-    by_id = {it.id: it for it in res.items}
+def flagged(res: RetrievalResult, a: set[str], b: set[str],
+            sources_of: Callable[[str], list[str]] | None = None) -> bool:
+    """An item citing one statement carries a contradiction with a memory citing the other, and the
+    context shows it. The counterpart is a returned item, or (with `sources_of`: memory id -> its
+    source ids) any memory: context() prints its text either way, and a turn that contradicts
+    itself ("I've never done X, but I recently did X") is flagged against its own fragment."""
+    by_id = {it.id: list(it.source_ids) for it in res.items}
     for it in res.items:
-        other = by_id.get((it.contradiction or {}).get("id", ""))
+        cid = (it.contradiction or {}).get("id", "")
+        other = by_id.get(cid) if cid in by_id else sources_of(cid) if sources_of and cid else None
         if other is None:
             continue
-        x, y = set(it.source_ids), set(other.source_ids)
+        x, y = set(it.source_ids), set(other)
         if (x & a and y & b) or (x & b and y & a):
             return "CONTRADICTS" in res.context(max_tokens=4000)
     return False
+
+
+def memory_sources(r: Retriever, user_id: str) -> Callable[[str], list[str]]:
+    """memory id -> its source ids, from the user's index (for `flagged`)."""
+    index = r.cache.get(user_id)
+
+    def of(memory_id: str) -> list[str]:
+        row = index.row_of_id().get(memory_id)
+        return [] if row is None else list(index.meta.column("source_ids")[row].as_py() or [])
+    return of
 
 
 def ensure_examined(st: Store, users: Sequence[str], skip: Sequence[str] | None = None) -> dict[str, int]:
@@ -125,7 +139,7 @@ def measure(st: Store, cfg: Settings, questions: list[dict[str, Any]],
             res = r.retrieve(user, v, k=K, text=text)
             top = top_sources(res)
             both.append(bool(top & a and top & b))
-            flag.append(both[-1] and flagged(res, a, b))
+            flag.append(both[-1] and flagged(res, a, b, memory_sources(r, user)))
         tag = "on" if mode else "off"
         out[tag] = {"update-first": uf.row()["update-first"], "uf n": uf.n, "updated R@10": _mean(upd),
                     "KU R@10": _mean(ku_all), "R@10": _mean(overall), "CR both": _mean(both),

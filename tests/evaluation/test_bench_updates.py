@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.updates import bench_updates
+from evaluation.updates import bench_updates, flagged
+from retrieval.retriever import RetrievalResult, RetrievedItem
 from memory.errors import ConfigError
 from tests.evaluation.test_bench_beam import CHAT, shortened_copy
 
@@ -29,3 +30,19 @@ def test_bench_updates_on_one_100k_chat(tmp_path: Path) -> None:
     assert re.findall(r"\| update-first.*", again) == re.findall(r"\| update-first.*", out)
     with pytest.raises(ConfigError):
         bench_updates(str(tmp_path / "data"), scales=["500K"])
+
+
+def test_flagged_counts_a_counterpart_that_context_shows() -> None:
+    """A contradiction is flagged when context() shows it against a memory citing the other side:
+    that memory need not be a returned item (a turn that contradicts itself is shown against its
+    own fragment); without a way to look its sources up, only returned counterparts count."""
+    said = RetrievedItem(id="msg-58", kind="message", text="user: I've never tried it, but I recently did it",
+                         score=0.9, date="2024-04-01", source_ids=["58"],
+                         contradiction={"id": "frag-1", "text": "user has never tried it", "date": "2024-04-01"})
+    other = RetrievedItem(id="msg-3", kind="message", text="user: I like tea", score=0.5, date="2024-03-01",
+                          source_ids=["3"])
+    res = RetrievalResult(user_id="u", query="have I tried it?", strategy="rfmem-hybrid", k=10, items=[said, other])
+    sources = {"frag-1": ["58"], "frag-2": ["7"]}
+    assert flagged(res, {"58"}, {"58"}, lambda mid: sources.get(mid, []))
+    assert not flagged(res, {"58"}, {"58"})                       # frag-1 is not returned
+    assert not flagged(res, {"58"}, {"3"}, lambda mid: sources.get(mid, []))   # its counterpart cites 58, not 3
