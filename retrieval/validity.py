@@ -17,7 +17,8 @@ A fragment that contradicts another (`contradicts`, either side; for a message, 
 the query matches best; `contradicts_sources`: the fragment and its turns against the other turn)
 gets its counterpart right below it: of several, one already in the result, else the one the query
 matches best if it matches at least as well as the result's least similar memory. Both then reach
-the answering model and context flags them. The result keeps `k` items: what is pulled in pushes
+the answering model and context flags them: of several counterparts, a memory shows one citing its
+own turns first (a turn that denies what it states), then one in the result. The result keeps `k` items: what is pulled in pushes
 the tail out.
 """
 from __future__ import annotations
@@ -284,10 +285,24 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     if history:
         out["history"] = history
     others = v.against.get(memory_id, [])
-    counterpart = v.contradicts.get(memory_id) or next((o for o in others if o in returned), None) or \
-        next(iter(others), None)
+    counterpart = v.contradicts.get(memory_id) or _same_turn(index, memory_id, others, row_of) or \
+        next((o for o in others if o in returned), None) or next(iter(others), None)
     if counterpart is not None:
         other = look(counterpart)
         if other is not None:
             out["contradiction"] = other
     return out
+
+
+def _same_turn(index: UserIndex, memory_id: str, others: list[str], row_of: dict[str, int]) -> str | None:
+    """Of the memories `memory_id` contradicts, one citing the same turns (a turn that denies what it
+    states, "I've never done X, but I recently did X", against its own fragment): shown first, the
+    plainest contradiction there is."""
+    if not others or memory_id not in row_of:
+        return None
+    col = index.meta.column("source_ids")
+    mine = set(col[row_of[memory_id]].as_py() or [])
+    for o in others:
+        if o in row_of and mine and set(col[row_of[o]].as_py() or []) == mine:
+            return o
+    return None

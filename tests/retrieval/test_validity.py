@@ -125,3 +125,25 @@ def test_a_user_without_events_keeps_the_strategy_order(tmp_path: Path, embedder
     on = _retriever(st, embedder, True).retrieve("finn", "tea", k=4, strategy="familiarity")
     off = _retriever(st, embedder, False).retrieve("finn", "tea", k=4, strategy="familiarity")
     assert on.ids == off.ids and "validity" not in on.signals
+
+
+def test_a_turn_that_contradicts_itself_is_shown_against_its_own_fragment(tmp_path: Path, embedder: Embedder) -> None:
+    """The turn denies what it states and also an older turn: its row is shown against its own
+    fragment (the plainest contradiction), even with the older turn's row returned beside it."""
+    said = "I've never baked sourdough bread before, but I recently baked three sourdough loaves."
+    msgs = [{"id": "msg-m1", "user_id": "gil", "session_id": "s1", "message_id": "m1", "seq": 0, "speaker": "Gil",
+             "text": "I baked sourdough bread with my aunt last spring.", "ts": _ts(1)},
+            {"id": "msg-m2", "user_id": "gil", "session_id": "s2", "message_id": "m2", "seq": 1, "speaker": "Gil",
+             "text": said, "ts": _ts(5)}]
+    frag = {"id": "g1", "user_id": "gil", "session_id": "s2", "session_ts": _ts(5), "subject": "Gil",
+            "category": "experiential", "key": "sourdough bread", "content": "Gil has never baked sourdough bread",
+            "date": "2024-05-05", "text": "sourdough bread: Gil has never baked sourdough bread", "source_ids": ["m2"],
+            "valid_from": _ts(5).isoformat(), "contradicts_sources": ["m1", "m2"], "supersede_version": "test"}
+    st = store_embedded(Store(str(tmp_path / "self"), dim=embedder.dim), embedder, msgs, [frag])
+    res = _retriever(st, embedder, True).retrieve("gil", "Have I ever baked sourdough bread?", k=3,
+                                                  strategy="familiarity")
+    assert {"msg-m1", "msg-m2"} <= set(res.ids)
+    turn = next(it for it in res.items if it.id == "msg-m2")
+    assert turn.contradiction is not None and turn.contradiction["id"] == "g1"
+    older = next(it for it in res.items if it.id == "msg-m1")
+    assert older.contradiction is not None and older.contradiction["id"] in ("g1", "msg-m2")
