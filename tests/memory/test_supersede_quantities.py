@@ -58,6 +58,15 @@ def test_dates_and_times_are_their_own_kinds() -> None:
     due = _f("I need to set a sprint deadline of April 1, 2024 for the Instagram automation prototype", "m12")
     moving = _f("I'm trying to adjust the sprint deadline to April 5, 2024 for the Instagram automation prototype", "m13")
     assert decide(moving, due, 0.6) == "update"
+    # rates of two periods are two quantities: words a day do not replace a weekly word count
+    weekly = _f("I've increased my weekly word count from 1,200 to 1,500 words by April 9", "m14")
+    daily = _f("How can I keep up this pace of averaging 1,700 words/day, like when I monitored my daily word count?",
+               "m15")
+    assert [q.per for q in quantities(weekly["content"]) if q.unit == "word"] == ["week", "week"]
+    assert [q.per for q in quantities(daily["content"])] == ["day"]
+    assert decide(daily, weekly, 0.7) is None
+    more = _f("My weekly word count is now 1,800 words, up from the 1,500 words I had in April", "m16")
+    assert decide(more, weekly, 0.7) == "update"
 
 
 def test_a_unitless_number_or_a_date_needs_a_change_cue() -> None:

@@ -8,7 +8,9 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   agree and their contexts share at least `MIN_SHARED` words (``commits merged main branch``). A
   newer fragment **updates** an older one when they hold the same quantity with different values
   and neither value is also said in the other fragment (``has now reached 165`` after
-  ``150 commits``); a unitless number matches a unit its context names. A date both fragments
+  ``150 commits``); a unitless number matches a unit its context names. A rate's period (``1,700
+  words/day``, ``hours per week``, ``my weekly word count``) belongs to its unit: rates of two
+  periods are never the same quantity. A date both fragments
   state counts as one shared context word: the same period, another count (``secured 3 interviews
   between April 25 and May 1`` / ``secured 5 interviews`` between the same dates). Dates (``April 5, 2024``)
   and clock times (``4:30 PM``) are quantities of their own kind, compared only with their kind
@@ -90,6 +92,12 @@ _NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s
 _NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
 _CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
+#: a rate's period right after its unit ("words/day", "hours per week", "calls a day")
+_PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|year|hour|minute|session)s?\b",
+                     re.IGNORECASE)
+#: a rate's period said as an adjective near it ("my weekly word count ... 1,500 words")
+_PERIODS = {"daily": "day", "weekly": "week", "monthly": "month", "yearly": "year", "annual": "year",
+            "annually": "year", "hourly": "hour", "nightly": "day"}
 _UNIT_ALIASES = {"percent": "%", "%": "%", "ms": "ms", "s": "s", "k": "k", "x": "x",
                  **{u: u for u in ("kb", "mb", "gb", "tb")}}    # sizes: too short for a content word
 #: units of time, which the content-word filter drops (``6 weeks`` is not a unitless 6)
@@ -113,6 +121,8 @@ class Quantity:
     unit: str
     context: frozenset[str]
     cued: bool = False
+    #: the period of a rate ("1,700 words/day", "a weekly word count of 1,200": day, week), or ""
+    per: str = ""
 
     @property
     def needs_cue(self) -> bool:
@@ -135,7 +145,11 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
     after = [_stem(w) for w in content_tokens(text[end:], exclude)][:WINDOW // 2]
     named = [unit] if unit and unit not in _UNIT_ALIASES.values() and unit not in ("date", "time", "$") else []
     cued = bool(_CHANGE_RE.search(" ".join(text[:start].split()[-CUE_WORDS:])))
-    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued)
+    rate = _PER_RE.match(text, end)
+    per = rate.group(1).lower() if rate else next(
+        (_PERIODS[w] for w in text[:start].lower().split()[-WINDOW:] + text[end:].lower().split()[:2]
+         if w in _PERIODS), "")
+    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per)
 
 
 @lru_cache(maxsize=65536)
@@ -219,7 +233,9 @@ def _kind(q: Quantity) -> str:
 
 def _same_unit(a: Quantity, b: Quantity) -> bool:
     """Equal units, or one unitless number whose context holds the other's unit word; dates and
-    times only with their own kind."""
+    times only with their own kind; rates of two different periods never (words a day, a week)."""
+    if a.per and b.per and a.per != b.per:
+        return False
     if a.unit == b.unit:
         return True
     if "date" in (a.unit, b.unit) or "time" in (a.unit, b.unit):
