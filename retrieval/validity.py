@@ -10,16 +10,18 @@ is the one of its newer versions (the `superseded_by` chain up to the current on
 the turns they cite) the query matches best: a rule can link a wrong successor, and the query
 decides which newer version it asks about. For a turn or a memory citing one it moves only when the
 query matches it about as well (cosine within `RELEVANCE_MARGIN`) or at least as well as the
-result's least similar memory (a turn says many things; only the changed one should move), and a
-version not in the result is pulled in only for a replaced memory in the top `PULL_DEPTH` of the k.
+result's least similar memory (a turn says many things; only the changed one should move), a
+version not in the result is pulled in only for a replaced memory in the top `PULL_DEPTH` of the k,
+and a version whose turns a memory above already cites is not moved at all (the replaced memory
+already ranks below them; a copy would only push an answer out of the k).
 
 A fragment that contradicts another (`contradicts`, either side; for a message, the fragment of it
 the query matches best; `contradicts_sources`: the fragment and its turns against the other turn)
 gets its counterpart right below it: of several, one already in the result, else the one the query
 matches best if it matches at least as well as the result's least similar memory. Both then reach
 the answering model and context flags them: of several counterparts, a memory shows one citing its
-own turns first (a turn that denies what it states), then one in the result. The result keeps `k` items: what is pulled in pushes
-the tail out.
+own turns first (a turn that denies what it states), then one in the result. The result keeps `k`
+items: what is pulled in pushes the tail out.
 """
 from __future__ import annotations
 
@@ -223,6 +225,12 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     sources = index.meta.column("source_ids").take(taken).to_pylist()
     out: list[tuple[int, float]] = []
     placed: set[int] = set()
+    above: set[str] = set()                  # the turns the rows placed so far cite
+    meta_sources = index.meta.column("source_ids")
+
+    def cites(r: int) -> list[str]:
+        return meta_sources[r].as_py() or []
+
     pulled = paired = 0
     floor = float(np.min(index.z[rows] @ vec))
     taken_rows = set(rows.tolist())
@@ -230,13 +238,16 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
         if row in placed:
             continue
         crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of, floor)
-        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH):
+        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) \
+                and not set(cites(crow)) <= above:     # its turns already ranked above: nothing to add
             out.append((crow, score))
             placed.add(crow)
+            above.update(cites(crow))
             pulled += 1
         fid = effective(index, v, row, vec, ids[i:i + 1], sources[i:i + 1])
         out.append((row, score))
         placed.add(row)
+        above.update(sources[i] or [])
         others = [v.contradicts[fid]] if fid is not None and fid in v.contradicts else []
         for mid in (ids[i], fid):
             others += v.against.get(mid or "", [])
@@ -247,6 +258,7 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             best = (inside or orows)[int(np.argmax(sims))]
             out.append((best, score))
             placed.add(best)
+            above.update(cites(best))
             paired += 1
     out = out[:k]
     signals = {"validity": {"current_pulled": pulled, "contradictions_paired": paired}}

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from memory.embed import Embedder
@@ -14,6 +15,7 @@ from memory.settings import RetrievalSettings
 from memory.store import Store
 from retrieval.context import build_context
 from retrieval.retriever import Retriever
+from retrieval.validity import order_current
 from tests.helpers import store_embedded
 
 USER = "erin"
@@ -147,3 +149,19 @@ def test_a_turn_that_contradicts_itself_is_shown_against_its_own_fragment(tmp_pa
     assert turn.contradiction is not None and turn.contradiction["id"] == "g1"
     older = next(it for it in res.items if it.id == "msg-m1")
     assert older.contradiction is not None and older.contradiction["id"] in ("g1", "msg-m2")
+
+
+def test_a_version_whose_turn_ranks_above_is_not_pulled_again(validity_store: Store, embedder: Embedder) -> None:
+    """The turn m0 holds the replaced rent; its newer version f3 already ranks first, so neither f3
+    nor its turn m3 is pulled above m0 again (a copy would only push an answer out of the k)."""
+    r = _retriever(validity_store, embedder, True)
+    index = r.cache.get(USER)
+    row_of = index.row_of_id()
+    vec = embedder.embed(["What is my monthly rent?"])[0]
+    ranked = np.asarray([row_of["f3"], row_of["msg-m0"], row_of["msg-x0"], row_of["msg-x1"]], dtype=np.int64)
+    rows, _, signals = order_current(index, ranked, np.linspace(1, 0.5, 4).astype(np.float32), vec, k=4)
+    assert rows.tolist() == ranked.tolist() and signals["validity"]["current_pulled"] == 0
+    # without the newer version above, the replaced turn gets it pulled in right above it
+    rows, _, signals = order_current(index, ranked[1:], np.linspace(1, 0.5, 3).astype(np.float32), vec, k=3)
+    assert signals["validity"]["current_pulled"] == 1 and rows[1] == row_of["msg-m0"]
+    assert set(index.meta.column("source_ids")[int(rows[0])].as_py()) == {"m3"}
