@@ -28,6 +28,7 @@ from lancedb.expr import Expr, col, lit
 from memory import schemas, units
 from memory.errors import StoreBusyError, StoreError, VersionGoneError
 from memory.ids import validate_user_id
+from memory.inserts import InsertLog
 from memory.lease import WRITE_LEASE_WAIT_S, hold_write, lease, store_key
 from memory.lease_row import LEASE_TTL_S, RowLease
 
@@ -43,8 +44,6 @@ _WRITE_LOCKS_GUARD = threading.Lock()
 VIRTUAL_COLUMNS = {"_rowaddr": pa.uint64(), "_rowid": pa.uint64()}
 #: handles checked out at a past version, kept per store
 PINNED_HANDLES = 32
-#: versions made by `insert` remembered per store (`Store.inserted_only`)
-INSERTS_KEPT = 4096
 
 
 def _write_lock(uri: str, name: str) -> threading.Lock:
@@ -84,9 +83,8 @@ class Store:
         self._refresh = consistency_s is None
         self._lock = threading.Lock()
         self._pinned: OrderedDict[tuple[str, int], Any] = OrderedDict()   # (table, version) -> handle
-        # (table, version) -> (the version before, users whose rows it added): versions made by a plain
-        # insert (see `note_insert`, `inserted_only`)
-        self._inserts: OrderedDict[tuple[str, int], tuple[int, frozenset[str]]] = OrderedDict()
+        #: the versions of its tables that were plain inserts, and of whose rows (`memory.inserts`)
+        self.inserts = InsertLog()
 
     # -- tables ---------------------------------------------------------------------------
     def table_names(self) -> list[str]:
@@ -185,15 +183,14 @@ class Store:
                 before = int(tbl.version)
                 tbl.add(table, on_bad_vectors="null")
                 if "user_id" in table.column_names:
-                    self.note_insert(name, before, int(tbl.version), pc.unique(table.column("user_id")).to_pylist())
+                    self.inserts.note(name, before, int(tbl.version), pc.unique(table.column("user_id")).to_pylist())
             self._ensure_user_index(name, tbl)
         return table.num_rows
 
     def drop_table(self, name: str) -> None:
         """Remove a whole table (and this store's handle to it)."""
+        self.inserts.forget(name)
         with self._lock:
-            for key in [k for k in self._inserts if k[0] == name]:
-                del self._inserts[key]
             self._tables.pop(name, None)
             self._indexed.discard(name)
             self._forget_pinned(name)
@@ -205,40 +202,6 @@ class Store:
         (`memory.ingest`'s new messages): no merge, so the cost does not grow with the table (an
         upsert joins every stored id). Returns the number of rows written."""
         return self._write(name, data, merge=False)
-
-    def note_insert(self, name: str, before: int, after: int, users: Iterable[str]) -> None:
-        """Remember that version `after` of `name` is version `before` plus rows of `users` only (this
-        handle's `insert`, or another process's append: `memory.ingest.append_worker`); ignored unless
-        `after` is the very next version (one commit, nothing else in between)."""
-        if after != before + 1:
-            return
-        with self._lock:
-            self._inserts[(name, after)] = (before, frozenset(str(u) for u in users))
-            while len(self._inserts) > INSERTS_KEPT:
-                self._inserts.popitem(last=False)
-
-    def last_insert(self, name: str) -> tuple[int, int, frozenset[str]] | None:
-        """The newest noted insert of `name` (`note_insert`): its version before, its version and the
-        users whose rows it added; None when none is remembered. A writer in another process passes
-        it on (`memory.ingest.append_worker`) instead of reading the table's version twice."""
-        with self._lock:
-            for (table, after), (before, users) in reversed(self._inserts.items()):
-                if table == name:
-                    return before, after, users
-        return None
-
-    def inserted_only(self, name: str, old: int, new: int, user_id: str) -> bool:
-        """Whether every version of `name` after `old` up to `new` was a noted insert of other users'
-        rows: then `user_id`'s rows sit where they sat at `old` (the retrieval cache keeps
-        that user's index without reading its row addresses; False: unknown, read them)."""
-        with self._lock:
-            version = new
-            while version > old:
-                step = self._inserts.get((name, version))
-                if step is None or step[0] != version - 1 or user_id in step[1]:
-                    return False
-                version -= 1
-        return version == old
 
     def delete(self, name: str, where: Expr) -> None:
         with self.write_lease():

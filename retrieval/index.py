@@ -233,7 +233,7 @@ def unchanged(store: Store, index: UserIndex, versions: tuple[int, ...]) -> bool
             continue                         # not moved, or never read (the graph before the first walk)
         if new < old:
             return False                     # the table was dropped and made again
-        if store.inserted_only(table, old, new, index.user_id):
+        if store.inserts.inserted_only(table, old, new, index.user_id):
             continue                         # only other users' rows were added (appends): none moved
         t = store.read(table, index.user_id, columns=[ADDR], version=new)
         if rows_digest(t.column(ADDR)) != index.digests[table]:

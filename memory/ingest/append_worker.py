@@ -14,8 +14,8 @@ Each call sends the batch to the child and returns its `AppendReport`; errors (`
 `InvalidUserIdError`, `StoreBusyError`) come back as themselves. A child that died (killed, out of
 memory) is replaced and the batch sent once more (appends are idempotent by message id). After an
 append that added rows, the server's own `Store` is told which `messages` version the child made and
-for which user (`Store.note_insert`), so its retrieval cache keeps every other user's index without
-re-reading it.
+for which user (`Store.inserts`, `memory.inserts`), so its retrieval cache keeps every other user's
+index without re-reading it.
 """
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ def _ready() -> int:
 
 
 def _append(user_id: str, turns: Sequence[Any], max_messages: int) -> tuple[AppendReport, Noted]:
-    """In the child: one append, with the `messages` insert its store noted (`Store.last_insert`:
+    """In the child: one append, with the `messages` insert its store noted (`Store.inserts.last`:
     versions before and after, and users) when it added rows."""
     report = _CHILD["compactor"].append(user_id, turns, max_messages=max_messages)
     store: Store = _CHILD["store"]
-    return report, store.last_insert(TRACKED_TABLE) if report.added else None
+    return report, store.inserts.last(TRACKED_TABLE) if report.added else None
 
 
 class AppendWorker:
@@ -129,7 +129,7 @@ class AppendWorker:
             else:
                 report, noted = f.result()
                 if noted is not None:
-                    self.store.note_insert(TRACKED_TABLE, *noted)
+                    self.store.inserts.note(TRACKED_TABLE, *noted)
                 done.set_result(report)
 
         sent.add_done_callback(finished)

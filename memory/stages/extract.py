@@ -17,7 +17,8 @@ from memory.ids import make_id
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
 from memory.settings import Settings
-from memory.stages.shard import SessionWork, ShardState, StageContext, merge_llm, quarantine_work, timed
+from memory.stages.shard import (SessionWork, ShardState, StageContext, fragment_row, merge_llm,
+                                 quarantine_work, timed)
 from memory.text import categorize, key_phrase
 
 OBSERVATION_VERSION = "observation-import-v1"
@@ -78,27 +79,6 @@ def quarantined_sessions(bad: list[Quarantined], sessions: list[SessionWork]) ->
         c = q.request.context
         out.append((q, by_key[(c["user_id"], c["session_id"])]))
     return out
-
-
-def fragment_text(key: str, subject: str, content: str) -> str:
-    """What gets embedded: key phrase plus content, naming the subject (PREMem §3.2.1)."""
-    body = content if content.lower().startswith(subject.lower()) else f"{subject} {content}"
-    return f"{key}: {body}"
-
-
-def fragment_row(session: SessionWork, item: dict[str, Any], *, run_id: str, backend: str, model: str,
-                 prompt_version: str) -> dict[str, Any]:
-    """A fragments-table row (without vector) for one parsed extraction item."""
-    fid = make_id(session.user_id, session.session_id, item["category"], item["subject"], item["key"],
-                  item["content"], item["date"], *item["source_ids"], prompt_version)
-    return {
-        "id": fid, "user_id": session.user_id, "session_id": session.session_id,
-        "session_ts": session.ts, "subject": item["subject"], "category": item["category"],
-        "key": item["key"], "content": item["content"], "date": item["date"],
-        "text": fragment_text(item["key"], item["subject"], item["content"]),
-        "source_ids": list(item["source_ids"]), "run_id": run_id, "backend": backend, "model": model,
-        "prompt_version": prompt_version,
-    }
 
 
 def observation_items(session: SessionWork) -> list[dict[str, Any]]:

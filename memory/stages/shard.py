@@ -223,6 +223,27 @@ def active(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [i for i in items if not i.get("given_up")]
 
 
+def fragment_text(key: str, subject: str, content: str) -> str:
+    """What gets embedded: key phrase plus content, naming the subject (PREMem §3.2.1)."""
+    body = content if content.lower().startswith(subject.lower()) else f"{subject} {content}"
+    return f"{key}: {body}"
+
+
+def fragment_row(session: SessionWork, item: dict[str, Any], *, run_id: str, backend: str, model: str,
+                 prompt_version: str) -> dict[str, Any]:
+    """A fragments-table row (without vector) for one parsed extraction item."""
+    fid = make_id(session.user_id, session.session_id, item["category"], item["subject"], item["key"],
+                  item["content"], item["date"], *item["source_ids"], prompt_version)
+    return {
+        "id": fid, "user_id": session.user_id, "session_id": session.session_id,
+        "session_ts": session.ts, "subject": item["subject"], "category": item["category"],
+        "key": item["key"], "content": item["content"], "date": item["date"],
+        "text": fragment_text(item["key"], item["subject"], item["content"]),
+        "source_ids": list(item["source_ids"]), "run_id": run_id, "backend": backend, "model": model,
+        "prompt_version": prompt_version,
+    }
+
+
 def add_rows(state: ShardState, table: str, rows: list[dict[str, Any]]) -> None:
     """Rows of `table` for `commit` to write."""
     state.extra.setdefault(table, []).extend(rows)

@@ -1,7 +1,7 @@
 """Appends in a child process (memory/ingest/append_worker.py) on a real store: the same reports and
 errors as `append` in-process, from another pid; a killed child replaced without losing the batch; a
 busy store refused after the worker's short wait; and the serving process's retrieval cache keeps
-another user's index without reading its rows again (`Store.note_insert` / `inserted_only`)."""
+another user's index without reading its rows again (`Store.inserts`: `memory.inserts.InsertLog`)."""
 from __future__ import annotations
 
 import os
@@ -86,8 +86,8 @@ def test_another_users_index_is_kept_without_a_read(sample_store: Store, embedde
         old = sample_store.version("messages")
         assert w.append("bob", turns(5, session="bob-live"), 10).added == 5
         new = sample_store.version("messages")
-        assert sample_store.inserted_only("messages", old, new, "alice")
-        assert not sample_store.inserted_only("messages", old, new, "bob")
+        assert sample_store.inserts.inserted_only("messages", old, new, "alice")
+        assert not sample_store.inserts.inserted_only("messages", old, new, "bob")
         reads: list[tuple[str, Any]] = []
         real = sample_store.read
 

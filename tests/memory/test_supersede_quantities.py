@@ -16,8 +16,9 @@ from memory.embed import Embedder
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, quantities
 from memory.settings import Settings
 from memory.stages.shard import SessionWork, StageContext
-from memory.stages.supersede import Turns, change_fragments, supersede_user
-from memory.stages.supersede import plan_turns as stage_plan_turns
+from memory.llm.rules.turns import Turns
+from memory.llm.rules.turns import plan_turns as stage_plan_turns
+from memory.stages.supersede import change_fragments, supersede_user
 from memory.store import Store
 
 
@@ -115,8 +116,8 @@ def test_older_turns_are_found_by_the_quantity_they_hold(embedder: Embedder,
     new: dict[str, Any] = {"subject": "Dana", "key": "", "content": said, "source_ids": ["m9"]}
     vec = embedder.embed([said])[0]
     assert 0 in turns.same_quantity(new) and 1 not in turns.same_quantity(new)
-    stage = importlib.import_module("memory.stages.supersede")  # the package re-exports the function
-    monkeypatch.setattr(stage, "MESSAGE_NEIGHBOURS", 0)           # no vector neighbour at all
+    turns_module = importlib.import_module("memory.llm.rules.turns")
+    monkeypatch.setattr(turns_module, "MESSAGE_NEIGHBOURS", 0)    # no vector neighbour at all
     assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == ["m1"]
     assert turns.replaced(new, vec, "2024-03-01T00:00:00+00:00") == []   # only older turns
     other = {**new, "subject": "Bob"}

@@ -1,0 +1,209 @@
+"""Turn against turn (the `rules` supersede decisions for what extraction missed): `Turns` finds
+older turns of a statement's speaker that it updates or denies, and `plan_turns` records those links
+on the fragments of either turn, or reports them as `Unheld` when no fragment of either turn can
+hold them (the supersede stage then makes a change fragment: `memory.stages.supersede`).
+
+Candidates are never all turns: the `MESSAGE_NEIGHBOURS` nearest by vector (cosine at least
+`MESSAGE_MIN_SIM`) and the turns holding the same quantity (an inverted index over their sentences'
+quantities), at most `MAX_TURNS`; a denial is checked against every older turn's opening
+(`MAX_SENTENCES`) and recorded against the `MAX_CONTRADICTED` nearest. Assistants' turns are never
+searched: they are not the user's facts.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, is_statement, quantities, says_never
+from memory.text import split_sentences
+
+__all__ = ["Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
+           "MAX_CONTRADICTED", "MAX_SENTENCES"]
+
+#: older turns of the fragment's subject searched for a statement extraction missed (by cosine)
+MESSAGE_NEIGHBOURS = 8
+MESSAGE_MIN_SIM = 0.4
+#: turns examined per statement (vector and quantity candidates together)
+MAX_TURNS = 32
+#: older turns one "never ..." statement is recorded against (the nearest by vector)
+MAX_CONTRADICTED = 3
+#: sentences of one turn read for a contradiction (its opening: where a turn states its situation)
+MAX_SENTENCES = 4
+
+
+class Turns:
+    """One user's turns with vectors, searched for older statements of a fragment's subject that
+    no fragment holds (extraction missed them): a changed quantity there is recorded on the newer
+    fragment as `replaces_sources`. Candidates are the nearest turns by vector and the turns with
+    a sentence holding the same quantity (an inverted index over their sentences' quantities, like
+    the fragments'): a turn that mostly holds code or another topic is still found."""
+
+    def __init__(self, rows: list[dict[str, Any]], skip: Iterable[str] = ()) -> None:
+        voices = {v.lower() for v in skip}       # assistants' turns: not the user's facts, never searched
+        rows = [m for m in rows if m.get("vector") is not None and m.get("ts") is not None
+                and str(m.get("speaker") or "").lower() not in voices]
+        self.rows = rows
+        self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
+            np.zeros((0, 1), dtype=np.float32)
+        self._sentences: dict[int, list[str]] = {}
+        self._openings: dict[int, list[str]] = {}
+        self._qindex: dict[tuple[str, str], set[int]] | None = None
+
+    def same_quantity(self, f: dict[str, Any]) -> list[int]:
+        """Turns (positions) with a sentence sharing at least two (unit, context word) keys with a
+        quantity of `f`, most shared first."""
+        if self._qindex is None:
+            self._qindex = defaultdict(set)
+            for j in range(len(self.rows)):
+                for sentence in self.sentences(j):
+                    for q in quantities(sentence):
+                        for word in q.context:
+                            self._qindex[(q.unit, word)].add(j)
+        hits: dict[int, int] = defaultdict(int)
+        for q in quantities(str(f.get("content") or "")):
+            units = {q.unit} | ({w for w in q.context} if not q.unit else set())
+            for word in q.context:
+                for unit in units:
+                    for j in self._qindex.get((unit, word), ()):
+                        hits[j] += 1
+        return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= 2][:MAX_TURNS]
+
+    def sentences(self, j: int) -> list[str]:
+        """The statements of turn j that hold a number (cached)."""
+        if j not in self._sentences:
+            text = str(self.rows[j].get("text") or "")
+            self._sentences[j] = [s for s in split_sentences(text) if any(c.isdigit() for c in s)
+                                  and is_statement({"content": s})]
+        return self._sentences[j]
+
+    def openings(self, j: int) -> list[str]:
+        """The first `MAX_SENTENCES` sentences of turn j, where a turn states its situation (cached)."""
+        if j not in self._openings:
+            self._openings[j] = split_sentences(str(self.rows[j].get("text") or ""))[:MAX_SENTENCES]
+        return self._openings[j]
+
+    def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
+        """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
+        for a statement that gives a quantity a new value (`decide`): no fragment backs the turn."""
+        if not is_statement(f) or not quantities(str(f.get("content") or "")):
+            return []                       # `decide` asks a change cue of unitless numbers and dates
+        return self._older_turns(f, vec, since, "update", self.sentences)
+
+    def contradicted(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
+        """Message ids of older turns of `f`'s subject with a statement `f` contradicts (rules'
+        `contradiction`: `f` says "never ..." of what the turn states)."""
+        if not is_statement(f) or not says_never(f):
+            return []
+        return self._older_turns(f, vec, since, "contradiction", self.openings)
+
+    def _older_turns(self, f: dict[str, Any], vec: np.ndarray, since: str, verdict: str,
+                     sentences: Callable[[int], list[str]]) -> list[str]:
+        """Message ids of the turns nearest `f` (same speaker as its subject, older than `since`, not
+        its own sources) one of whose `sentences` rules' `decide` judges `verdict` against `f`; for an
+        update only the one nearest by vector (a new value replaces one older statement of it)."""
+        if not self.rows or self.z.shape[1] != vec.shape[0]:
+            return []
+        sims = self.z @ vec
+        subject = str(f.get("subject") or "").lower()
+        own = set(f.get("source_ids") or [])
+        out: list[str] = []
+        order = np.argsort(-sims).tolist()
+        if verdict == "update":
+            near = [j for j in order[:MESSAGE_NEIGHBOURS] if sims[j] >= MESSAGE_MIN_SIM]
+            same = self.same_quantity(f)
+        else:                                    # "never ..." sentences are rare: every older turn
+            near, same = order, []
+        cap = 1 if verdict == "update" else MAX_CONTRADICTED
+        for j in sorted(dict.fromkeys(near + same), key=lambda j: -float(sims[j])):
+            if len(out) >= cap:
+                break
+            m = self.rows[j]
+            if m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
+                continue
+            if m["ts"].isoformat() >= since:
+                continue
+            for sentence in sentences(j):
+                old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
+                if decide(f, old, float(sims[j])) == verdict:
+                    out.append(m["message_id"])
+                    break
+        return out             # a new value replaces one statement, the nearest; a denial a few
+
+
+#: (newer message id, its sentence, the older message id, the field naming it: `replaces_sources` or
+#: `contradicts_sources`): an update or a denial between two turns no fragment of which holds the
+#: statement (`plan_turns`)
+Unheld = tuple[str, str, str, str]
+
+
+def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
+               version: str = SUPERSEDE_VERSION, unheld: list[Unheld] | None = None) -> dict[str, dict[str, Any]]:
+    """Turn against turn, for the statements extraction missed: each sentence of a `todo` turn
+    (message ids) that gives a quantity a new value is compared with the older turns of its speaker
+    (`Turns.replaced`), each "never ..." sentence likewise (`Turns.contradicted`). The link is kept
+    on a fragment citing the newer turn (`replaces_sources` / `contradicts_sources`: the older
+    turns); when the newer turn has none, on the older turn's fragments: one holding the replaced
+    value is closed with `superseded_by` = the newer turn's message row (a memory too), one stating
+    what the newer turn denies gets the newer turn in `contradicts_sources`; an update or a denial
+    no fragment of either turn holds is appended to `unheld` (for `change_fragments`). Returns the
+    changed fragments by id."""
+    carriers: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for f in frags:
+        for sid in f.get("source_ids") or []:
+            carriers[sid].append(f)
+    at = {m["message_id"]: j for j, m in enumerate(turns.rows)}
+    changed: dict[str, dict[str, Any]] = {}
+
+    def add(f: dict[str, Any], field: str, ids: list[str]) -> None:
+        new = [i for i in ids if i not in (f.get(field) or [])]
+        if new:
+            f[field] = list(f.get(field) or []) + new
+            f["supersede_version"] = version
+            changed[f["id"]] = f
+
+    for mid in dict.fromkeys(todo):
+        j = at.get(mid)
+        if j is None:
+            continue
+        m, own = turns.rows[j], carriers.get(mid, [])
+        since = m["ts"].isoformat()
+        text = str(m.get("text") or "")
+        for sentence in split_sentences(text):
+            probe = {"subject": m.get("speaker"), "key": "", "content": sentence, "source_ids": [mid]}
+            digits, never = any(c.isdigit() for c in sentence), says_never(probe)
+            if not (digits or never) or not is_statement(probe):
+                continue
+            against = turns.contradicted(probe, turns.z[j], since) if never else []
+            if never and own and _denies_itself(probe, text):
+                against.append(mid)
+            for verdict, found in (("update", turns.replaced(probe, turns.z[j], since) if digits else []),
+                                   ("contradiction", against)):
+                field = "replaces_sources" if verdict == "update" else "contradicts_sources"
+                if own:
+                    add(own[0], field, found)
+                    continue
+                for old in found:
+                    held = [g for g in carriers.get(old, []) if is_statement(g) and decide(probe, g, 1.0) == verdict]
+                    orphan = not held if verdict == "update" else not carriers.get(old)
+                    if orphan and unheld is not None and (mid, sentence, old, field) not in unheld:
+                        unheld.append((mid, sentence, old, field))
+                    if verdict == "update" and m.get("id"):
+                        for g in held:
+                            if not g.get("superseded_by"):
+                                g.update(superseded_by=m["id"], valid_until=since, supersede_version=version)
+                                changed[g["id"]] = g
+                    elif verdict == "contradiction" and (held or carriers.get(old)):
+                        add((held or carriers[old])[0], field, [mid])
+    return changed
+
+
+def _denies_itself(probe: dict[str, Any], text: str) -> bool:
+    """A "never ..." sentence whose own turn states what it denies in another clause ("I've never
+    done X, but I recently did X"): the turn contradicts itself."""
+    clauses = [c for c in re.split(r"[.!?;]\s+|,?\s+but\s+", text) if c.strip()]
+    denial = [c for c in clauses if says_never({"content": c})]
+    return any(decide({**probe, "content": d}, {**probe, "content": c, "source_ids": []}, 1.0) == "contradiction"
+               for d in denial for c in clauses if c is not d and not says_never({"content": c}))
