@@ -7,7 +7,7 @@ then the chosen items are printed oldest first so the model reads the history as
 
 Validity (retrieval.validity): a current memory that replaced older ones reads "X, since DATE
 (before: Y)", a superseded one "(no longer current since DATE)", and a contradiction is flagged
-"CONTRADICTS [DATE] Y: ask the user which holds", so the answering model can ask.
+"CONTRADICTS [DATE] Y; also [DATE] Z: ask the user which holds", so the answering model can ask.
 """
 from __future__ import annotations
 
@@ -69,7 +69,9 @@ def validity_note(item: Any) -> str:
         notes.append(f" (no longer current since {until or 'a later memory'})")
     other = getattr(item, "contradiction", None)
     if other:
-        notes.append(f" CONTRADICTS [{other['date'] or 'undated'}] {_clip(other['text'])}: ask the user "
+        also = "".join(f"; also [{o['date'] or 'undated'}] {_clip(o['text'], 20)}"
+                       for o in getattr(item, "also_contradicts", None) or [])
+        notes.append(f" CONTRADICTS [{other['date'] or 'undated'}] {_clip(other['text'])}{also}: ask the user "
                      "which holds")
     return "".join(notes)
 

@@ -83,6 +83,9 @@ class RetrievedItem:
     history: list[dict[str, str]] | None = None
     #: a memory it contradicts without replacing it: {"id", "text", "date"}
     contradiction: dict[str, str] | None = None
+    #: further memories it contradicts, the same way (a turn that denies what it states and what
+    #: another turn says)
+    also_contradicts: list[dict[str, str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,9 +19,10 @@ A fragment that contradicts another (`contradicts`, either side; for a message, 
 the query matches best; `contradicts_sources`: the fragment and its turns against the other turn)
 gets its counterpart right below it: of several, one already in the result, else the one the query
 matches best if it matches at least as well as the result's least similar memory. Both then reach
-the answering model and context flags them: of several counterparts, a memory shows one citing its
-own turns first (a turn that denies what it states), then one in the result. The result keeps `k`
-items: what is pulled in pushes the tail out.
+the answering model and context flags them: a memory shows up to `MAX_SHOWN_CONTRADICTIONS`
+counterparts, its fragment-to-fragment one or one citing its own turns first (a turn that denies what
+it states), then those in the result. The result keeps `k` items: what is pulled in pushes the tail
+out.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ import pyarrow.compute as pc
 
 from retrieval.index import FRAGMENT_VALIDITY, UserIndex
 
-__all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH"]
+__all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
+           "MAX_SHOWN_CONTRADICTIONS"]
 
 #: superseded_by links followed to find the current version (a guard against cycles)
 MAX_CHAIN = 16
@@ -43,6 +45,8 @@ RELEVANCE_MARGIN = 0.0
 #: a newer version is pulled in from outside the result only for a replaced memory in this top share
 #: of the k (what is pulled in pushes the tail out; a replaced memory at the tail is marginal)
 PULL_DEPTH = 0.5
+#: counterparts one memory shows in context (`contradiction`, then `also_contradicts`)
+MAX_SHOWN_CONTRADICTIONS = 3
 _COLUMNS = ["id", "source_ids", "valid_from", "valid_until", "superseded_by", "contradicts", "replaces_sources",
             "contradicts_sources"]
 
@@ -297,12 +301,13 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     if history:
         out["history"] = history
     others = v.against.get(memory_id, [])
-    counterpart = v.contradicts.get(memory_id) or _same_turn(index, memory_id, others, row_of) or \
-        next((o for o in others if o in returned), None) or next(iter(others), None)
-    if counterpart is not None:
-        other = look(counterpart)
-        if other is not None:
-            out["contradiction"] = other
+    first = v.contradicts.get(memory_id) or _same_turn(index, memory_id, others, row_of)
+    order = ([first] if first else []) + [o for o in others if o in returned] + others
+    shown = [c for c in (look(o) for o in dict.fromkeys(order)) if c is not None][:MAX_SHOWN_CONTRADICTIONS]
+    if shown:
+        out["contradiction"] = shown[0]
+    if len(shown) > 1:
+        out["also_contradicts"] = shown[1:]
     return out
 
 

@@ -46,3 +46,5 @@ def test_flagged_counts_a_counterpart_that_context_shows() -> None:
     assert flagged(res, {"58"}, {"58"}, lambda mid: sources.get(mid, []))
     assert not flagged(res, {"58"}, {"58"})                       # frag-1 is not returned
     assert not flagged(res, {"58"}, {"3"}, lambda mid: sources.get(mid, []))   # its counterpart cites 58, not 3
+    said.also_contradicts = [{"id": "msg-3", "text": "user: I like tea", "date": "2024-03-01"}]
+    assert flagged(res, {"58"}, {"3"})                            # a further counterpart, returned

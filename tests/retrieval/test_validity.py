@@ -147,6 +147,10 @@ def test_a_turn_that_contradicts_itself_is_shown_against_its_own_fragment(tmp_pa
     assert {"msg-m1", "msg-m2"} <= set(res.ids)
     turn = next(it for it in res.items if it.id == "msg-m2")
     assert turn.contradiction is not None and turn.contradiction["id"] == "g1"
+    # the older turn it denies is shown too, and context() prints both on the turn's line
+    assert [o["id"] for o in turn.also_contradicts or []] == ["msg-m1"]
+    line = next(ln for ln in res.context().splitlines() if ln.startswith("- [2024-05-05") and "(message)" in ln)
+    assert "CONTRADICTS" in line and "; also [2024-05-01]" in line and "with my aunt" in line
     older = next(it for it in res.items if it.id == "msg-m1")
     assert older.contradiction is not None and older.contradiction["id"] in ("g1", "msg-m2")
 
