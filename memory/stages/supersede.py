@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memory.dates import normalize_date, to_date
+from memory.embed import Embedder
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities
 from memory.llm.rules.turns import Turns, Unheld, plan_turns
 from memory.settings import RetrievalSettings
@@ -193,25 +194,22 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
         for user, new in by_user.items():
             ids = {f["id"] for f in new}
             stored = _stored(ctx.store, user, ids) if has_stored(state, user) else []
-            msgs = [m for m in state.message_rows if m["user_id"] == user]
-            for s in state.sessions:
-                if s.user_id == user:
-                    msgs += s.messages
+            sessions = [s for s in state.sessions if s.user_id == user]
+            msgs = [m for m in state.message_rows if m["user_id"] == user] + [m for s in sessions for m in s.messages]
             message_ts, turns = _turns(ctx.store, user, msgs, ctx.settings.retrieval.assistant_speakers,
                                        vectors=rules)
             changed = plan(stored + new, ids, message_ts, decide_rules=rules, turns=turns if rules else None)
             if rules:
                 unheld: list[Unheld] = []
                 changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns, unheld=unheld))
-                state.fragments += change_fragments(unheld, [s for s in state.sessions if s.user_id == user],
-                                                    ctx, state.run_id)
+                state.fragments += change_fragments(unheld, sessions, ctx.embedder, state.run_id)
             closed = [r for fid, r in changed.items() if fid not in ids]
             if closed:
                 add_rows(state, "fragments", closed)
     return state
 
 
-def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], ctx: StageContext,
+def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], embedder: Embedder,
                      run_id: str) -> list[dict[str, Any]]:
     """One fragment per sentence of `unheld` (worded as the rules' extraction words a statement),
     embedded, naming the older turns in `replaces_sources` (it gives them a new value) or
@@ -229,17 +227,17 @@ def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], ctx: Sta
     for (mid, sentence), links in by_sentence.items():
         session, m = where[mid]
         speaker = str(m.get("speaker") or "").strip() or "Unknown"
+        said: datetime = m.get("ts") or session.ts
         category = categorize(sentence)
         item = {"subject": speaker, "category": category, "key": key_phrase(sentence, speaker),
                 "content": third_person(sentence, speaker), "source_ids": [mid],
-                "date": normalize_date(sentence, to_date(m.get("ts") or session.ts), category)}
+                "date": normalize_date(sentence, to_date(said), category)}
         row = fragment_row(session, item, run_id=run_id, backend="rules", model="rules",
                            prompt_version=SUPERSEDE_VERSION)
-        when_said = m.get("ts") or session.ts
-        row.update(links, supersede_version=SUPERSEDE_VERSION, valid_from=when_said.isoformat())
+        row.update(links, supersede_version=SUPERSEDE_VERSION, valid_from=said.isoformat())
         rows.append(row)
     if rows:
-        for row, vec in zip(rows, ctx.embedder.embed([r["text"] for r in rows])):
+        for row, vec in zip(rows, embedder.embed([r["text"] for r in rows])):
             row["vector"] = vec
     return rows
 

@@ -14,8 +14,7 @@ import pytest
 
 from memory.embed import Embedder
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, quantities
-from memory.settings import Settings
-from memory.stages.shard import SessionWork, StageContext
+from memory.stages.shard import SessionWork
 from memory.llm.rules.turns import Turns
 from memory.llm.rules.turns import plan_turns as stage_plan_turns
 from memory.stages.supersede import change_fragments, supersede_user
@@ -190,7 +189,7 @@ def test_a_turn_that_denies_what_it_states(embedder: Embedder) -> None:
     assert not plain[0].get("contradicts_sources")
 
 
-def test_a_change_no_fragment_holds_gets_a_change_fragment(tmp_path: Path, embedder: Embedder) -> None:
+def test_a_change_no_fragment_holds_gets_a_change_fragment(embedder: Embedder) -> None:
     """Each turn states its value (or its denial) inside a question, so extraction kept no fragment
     of either: the update and the denial are collected as unheld and become change fragments of the
     newer turns, naming the older turns in `replaces_sources` / `contradicts_sources`; built again,
@@ -208,15 +207,13 @@ def test_a_change_no_fragment_holds_gets_a_change_fragment(tmp_path: Path, embed
     assert sorted((new, old, field) for new, _, old, field in unheld) == [
         ("m2", "m1", "replaces_sources"), ("m4", "m3", "contradicts_sources")]
     session = SessionWork(user_id="dana", session_id="s2", ts=rows[1]["ts"], messages=rows[1:])
-    ctx = StageContext(store=Store(str(tmp_path / "store"), dim=embedder.dim), settings=Settings(), run_id="r1",
-                       embedder=embedder)
-    made = {f["source_ids"][0]: f for f in change_fragments(unheld, [session], ctx, "r1")}
+    made = {f["source_ids"][0]: f for f in change_fragments(unheld, [session], embedder, "r1")}
     assert set(made) == {"m2", "m4"}
     moved, denial = made["m2"], made["m4"]
     assert moved["replaces_sources"] == ["m1"] and "4:30 PM" in moved["content"]
     assert denial["contradicts_sources"] == ["m3"] and "replaces_sources" not in denial
     assert moved["user_id"] == "dana" and moved["supersede_version"] == SUPERSEDE_VERSION
     assert moved["vector"].shape == (embedder.dim,)
-    again = change_fragments(unheld, [session], ctx, "r1")
+    again = change_fragments(unheld, [session], embedder, "r1")
     assert sorted(f["id"] for f in again) == sorted(f["id"] for f in made.values())
-    assert change_fragments(unheld, [], ctx, "r1") == []            # a stored session's turn: none here
+    assert change_fragments(unheld, [], embedder, "r1") == []            # a stored session's turn: none here

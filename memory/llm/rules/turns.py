@@ -48,8 +48,8 @@ class Turns:
         self.rows = rows
         self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
             np.zeros((0, 1), dtype=np.float32)
+        self._split: dict[int, list[str]] = {}
         self._sentences: dict[int, list[str]] = {}
-        self._openings: dict[int, list[str]] = {}
         self._qindex: dict[tuple[str, str], set[int]] | None = None
 
     def same_quantity(self, f: dict[str, Any]) -> list[int]:
@@ -71,19 +71,22 @@ class Turns:
                         hits[j] += 1
         return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= 2][:MAX_TURNS]
 
+    def split(self, j: int) -> list[str]:
+        """Every sentence of turn j (cached: each turn is split once)."""
+        if j not in self._split:
+            self._split[j] = split_sentences(str(self.rows[j].get("text") or ""))
+        return self._split[j]
+
     def sentences(self, j: int) -> list[str]:
         """The statements of turn j that hold a number (cached)."""
         if j not in self._sentences:
-            text = str(self.rows[j].get("text") or "")
-            self._sentences[j] = [s for s in split_sentences(text) if any(c.isdigit() for c in s)
+            self._sentences[j] = [s for s in self.split(j) if any(c.isdigit() for c in s)
                                   and is_statement({"content": s})]
         return self._sentences[j]
 
     def openings(self, j: int) -> list[str]:
-        """The first `MAX_SENTENCES` sentences of turn j, where a turn states its situation (cached)."""
-        if j not in self._openings:
-            self._openings[j] = split_sentences(str(self.rows[j].get("text") or ""))[:MAX_SENTENCES]
-        return self._openings[j]
+        """The first `MAX_SENTENCES` sentences of turn j, where a turn states its situation."""
+        return self.split(j)[:MAX_SENTENCES]
 
     def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
         """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
@@ -171,7 +174,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
         m, own = turns.rows[j], carriers.get(mid, [])
         since = m["ts"].isoformat()
         text = str(m.get("text") or "")
-        for sentence in split_sentences(text):
+        for sentence in turns.split(j):
             probe = {"subject": m.get("speaker"), "key": "", "content": sentence, "source_ids": [mid]}
             digits, never = any(c.isdigit() for c in sentence), says_never(probe)
             if not (digits or never) or not is_statement(probe):
@@ -188,7 +191,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
                 for old in found:
                     held = [g for g in carriers.get(old, []) if is_statement(g) and decide(probe, g, 1.0) == verdict]
                     orphan = not held if verdict == "update" else not carriers.get(old)
-                    if orphan and unheld is not None and (mid, sentence, old, field) not in unheld:
+                    if orphan and unheld is not None:
                         unheld.append((mid, sentence, old, field))
                     if verdict == "update" and m.get("id"):
                         for g in held:
