@@ -93,7 +93,7 @@ def memory_sources(r: Retriever, user_id: str) -> Callable[[str], list[str]]:
 
     def of(memory_id: str) -> list[str]:
         row = index.row_of_id().get(memory_id)
-        return [] if row is None else list(index.meta.column("source_ids")[row].as_py() or [])
+        return [] if row is None else index.source_ids(row)
     return of
 
 

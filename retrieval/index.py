@@ -114,6 +114,10 @@ class UserIndex:
     def rows(self, idx: np.ndarray) -> list[dict[str, Any]]:
         return self.meta.take(pa.array(idx, type=pa.int64())).to_pylist()
 
+    def source_ids(self, row: int) -> list[str]:
+        """The message ids one row cites."""
+        return list(self.meta.column("source_ids")[row].as_py() or [])
+
     def version_of(self, table: str) -> int | None:
         """The version of `table` this index was read at (None: the latest)."""
         return self.versions[TRACKED.index(table)] if self.versions and table in TRACKED else None

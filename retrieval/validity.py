@@ -27,6 +27,7 @@ out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Collection
 
 import numpy as np
@@ -230,11 +231,6 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     out: list[tuple[int, float]] = []
     placed: set[int] = set()
     above: set[str] = set()                  # the turns the rows placed so far cite
-    meta_sources = index.meta.column("source_ids")
-
-    def cites(r: int) -> list[str]:
-        return meta_sources[r].as_py() or []
-
     pulled = paired = 0
     floor = float(np.min(index.z[rows] @ vec))
     taken_rows = set(rows.tolist())
@@ -243,10 +239,10 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             continue
         crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of, floor)
         if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) \
-                and not set(cites(crow)) <= above:     # its turns already ranked above: nothing to add
+                and not set(index.source_ids(crow)) <= above:     # its turns already ranked above: nothing to add
             out.append((crow, score))
             placed.add(crow)
-            above.update(cites(crow))
+            above.update(index.source_ids(crow))
             pulled += 1
         fid = effective(index, v, row, vec, ids[i:i + 1], sources[i:i + 1])
         out.append((row, score))
@@ -262,7 +258,7 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             best = (inside or orows)[int(np.argmax(sims))]
             out.append((best, score))
             placed.add(best)
-            above.update(cites(best))
+            above.update(index.source_ids(best))
             paired += 1
     out = out[:k]
     signals = {"validity": {"current_pulled": pulled, "contradictions_paired": paired}}
@@ -303,7 +299,8 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     others = v.against.get(memory_id, [])
     first = v.contradicts.get(memory_id) or _same_turn(index, memory_id, others, row_of)
     order = ([first] if first else []) + [o for o in others if o in returned] + others
-    shown = [c for c in (look(o) for o in dict.fromkeys(order)) if c is not None][:MAX_SHOWN_CONTRADICTIONS]
+    found = (c for c in (look(o) for o in dict.fromkeys(order)) if c is not None)
+    shown = list(islice(found, MAX_SHOWN_CONTRADICTIONS))   # rows read only for the counterparts shown
     if shown:
         out["contradiction"] = shown[0]
     if len(shown) > 1:
@@ -315,11 +312,5 @@ def _same_turn(index: UserIndex, memory_id: str, others: list[str], row_of: dict
     """Of the memories `memory_id` contradicts, one citing the same turns (a turn that denies what it
     states, "I've never done X, but I recently did X", against its own fragment): shown first, the
     plainest contradiction there is."""
-    if not others or memory_id not in row_of:
-        return None
-    col = index.meta.column("source_ids")
-    mine = set(col[row_of[memory_id]].as_py() or [])
-    for o in others:
-        if o in row_of and mine and set(col[row_of[o]].as_py() or []) == mine:
-            return o
-    return None
+    mine = set(index.source_ids(row_of[memory_id])) if memory_id in row_of else set()
+    return next((o for o in others if mine and o in row_of and set(index.source_ids(row_of[o])) == mine), None)
