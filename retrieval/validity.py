@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retrieval.index import FRAGMENT_VALIDITY, UserIndex
+from retrieval.index import FRAGMENT_VALIDITY, VALIDITY_COLUMNS, UserIndex
 
 __all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
            "MAX_SHOWN_CONTRADICTIONS"]
@@ -48,8 +48,7 @@ RELEVANCE_MARGIN = 0.0
 PULL_DEPTH = 0.5
 #: counterparts one memory shows in context (`contradiction`, then `also_contradicts`)
 MAX_SHOWN_CONTRADICTIONS = 3
-_COLUMNS = ["id", "source_ids", "valid_from", "valid_until", "superseded_by", "contradicts", "replaces_sources",
-            "contradicts_sources"]
+_COLUMNS = ["id", "source_ids"] + VALIDITY_COLUMNS
 
 
 @dataclass
@@ -193,10 +192,10 @@ def effective(index: UserIndex, v: Validity, row: int, vec: np.ndarray, ids: lis
 
 
 def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory_id: str | None,
-                sources: list[str], row_of: dict[str, int], floor: float = 1.0) -> int | None:
+                sources: list[str], row_of: dict[str, int], row_sim: float, floor: float = 1.0) -> int | None:
     """The index row of the current version to put above `row`, if any (see the module doc);
-    `floor`: the query cosine of the result's least similar memory (a newer version that matches
-    the query at least that well earns its place on its own)."""
+    `row_sim`: the query cosine of `row`; `floor`: that of the result's least similar memory (a
+    newer version that matches the query at least that well earns its place on its own)."""
     closed = memory_id is not None and memory_id in v.superseded_by
     found = v.newer(memory_id) if closed and memory_id is not None else []
     for s in sources:
@@ -212,7 +211,7 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
         return None
     sims = index.z[np.asarray(rows, dtype=np.int64)] @ vec
     best = int(np.argmax(sims))
-    if not closed and sims[best] < min(float(index.z[row] @ vec) - RELEVANCE_MARGIN, floor):
+    if not closed and sims[best] < min(row_sim - RELEVANCE_MARGIN, floor):
         return None
     return rows[best]
 
@@ -232,17 +231,19 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     placed: set[int] = set()
     above: set[str] = set()                  # the turns the rows placed so far cite
     pulled = paired = 0
-    floor = float(np.min(index.z[rows] @ vec))
+    row_sims = (index.z[rows] @ vec).tolist()
+    floor = min(row_sims)
     taken_rows = set(rows.tolist())
     for i, (row, score) in enumerate(zip(rows.tolist(), scores.tolist())):
         if row in placed:
             continue
-        crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of, floor)
+        crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of, row_sims[i], floor)
+        cites = set(index.source_ids(crow)) if crow is not None else set()
         if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) \
-                and not set(index.source_ids(crow)) <= above:     # its turns already ranked above: nothing to add
+                and not cites <= above:     # its turns already ranked above: nothing to add
             out.append((crow, score))
             placed.add(crow)
-            above.update(index.source_ids(crow))
+            above.update(cites)
             pulled += 1
         fid = effective(index, v, row, vec, ids[i:i + 1], sources[i:i + 1])
         out.append((row, score))
@@ -312,5 +313,7 @@ def _same_turn(index: UserIndex, memory_id: str, others: list[str], row_of: dict
     """Of the memories `memory_id` contradicts, one citing the same turns (a turn that denies what it
     states, "I've never done X, but I recently did X", against its own fragment): shown first, the
     plainest contradiction there is."""
-    mine = set(index.source_ids(row_of[memory_id])) if memory_id in row_of else set()
+    if not others or memory_id not in row_of:
+        return None
+    mine = set(index.source_ids(row_of[memory_id]))
     return next((o for o in others if mine and o in row_of and set(index.source_ids(row_of[o])) == mine), None)
