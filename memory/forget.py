@@ -305,11 +305,9 @@ def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
         return {r["id"] for r in p.rows.get(name, []) if (r[column] is not None and r[column] > w)
                 or (extra == "level" and r["level"] == "profile")}
 
-    for name in ("fragments", "insights", "clusters"):
+    for name in ("fragments", "insights", "clusters", "graph_nodes"):
         out.setdefault(name, set()).update(after(name, "session_ts"))
     nodes = p.rows.get("graph_nodes", [])
-    out.setdefault("graph_nodes", set()).update(r["id"] for r in nodes if r["session_ts"] is not None
-                                                and r["session_ts"] > w)
     out["topics"] = out.get("topics", set()) | after("topics", "created_ts")
     rolled = {t.id for t in load_bank(store, user, w)[1]}
     out["topics"] -= rolled   # rewritten as they stood at W (history after W undone), not deleted

@@ -93,12 +93,9 @@ def _hits(values: list[Any] | None, wanted: set[str]) -> bool:
 MESSAGE_COLUMNS = ["id", "session_id", "message_id", "ts", "seq", "speaker"]
 
 
-def forgotten_messages(store: Store, scope: Scope, extra: list[str] | None = None,
-                       msgs: pl.DataFrame | None = None) -> pl.DataFrame:
-    """The user's message rows the scope names (plus the `message_id`s of an unfinished forget);
-    `msgs`: the user's rows of `MESSAGE_COLUMNS` when the caller has read them already."""
-    if msgs is None:
-        msgs = frame(store.read("messages", scope.user_id, columns=MESSAGE_COLUMNS))
+def forgotten_messages(msgs: pl.DataFrame, scope: Scope, extra: list[str] | None = None) -> pl.DataFrame:
+    """Of the user's message rows `msgs` (`MESSAGE_COLUMNS`), those the scope names (plus the
+    `message_id`s of an unfinished forget)."""
     if msgs.height == 0 or scope.whole_user:
         return msgs
     named = list(scope.messages) + list(extra or [])
@@ -155,7 +152,7 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
     user = scope.user_id
     rec = recorded or {}
     msgs = frame(store.read("messages", user, columns=MESSAGE_COLUMNS))
-    chosen = forgotten_messages(store, scope, list(rec.get("message_ids", [])), msgs=msgs)
+    chosen = forgotten_messages(msgs, scope, list(rec.get("message_ids", [])))
     f_ids = set(chosen["message_id"].to_list()) if chosen.height else set()
     f_ids |= set(rec.get("message_ids", []))
     keep = msgs.filter(~pl.col("message_id").is_in(list(f_ids))) if msgs.height else msgs

@@ -59,7 +59,11 @@ def in_unit(store: "Store") -> bool:
 
 def table_versions(store: "Store") -> dict[str, int]:
     """The latest version of every data table of the store."""
-    names = [name for name in sorted(store.table_names()) if name not in HIDDEN]
+    return _latest(store, [name for name in sorted(store.table_names()) if name not in HIDDEN])
+
+
+def _latest(store: "Store", names: list[str]) -> dict[str, int]:
+    """The latest version of each of `names`, checked at once (LanceDB releases the GIL)."""
     return dict(zip(names, _VERSIONS.map(store.version, names)))
 
 
@@ -136,7 +140,7 @@ def snapshot(store: "Store", tables: Iterable[str]) -> dict[str, int]:
         if before is not None and before["state"] == "open":
             versions = json.loads(before["versions_json"] or "{}")
             return {name: int(versions.get(name, 0)) for name in names}
-        current = dict(zip(names, _VERSIONS.map(store.version, names)))   # one latest-version check each, at once
+        current = _latest(store, names)
         after = latest_marker(store)
         if (after or {}).get("seq") == (before or {}).get("seq"):
             return current
