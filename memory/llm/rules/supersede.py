@@ -46,7 +46,7 @@ from typing import Any
 
 from memory.text import content_tokens, is_content
 
-__all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "same_key", "is_statement",
+__all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "contradiction", "same_key", "is_statement",
            "says_never", "WINDOW", "CUE_WORDS",
            "MIN_SHARED"]
 

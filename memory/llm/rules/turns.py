@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, is_statement, quantities, says_never
+from memory.llm.rules.supersede import (SUPERSEDE_VERSION, contradiction, decide, is_statement, quantities,
+                                         says_never)
 from memory.text import split_sentences
 
 __all__ = ["Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
@@ -208,5 +209,6 @@ def _denies_itself(probe: dict[str, Any], text: str) -> bool:
     done X, but I recently did X"): the turn contradicts itself."""
     clauses = [c for c in re.split(r"[.!?;]\s+|,?\s+but\s+", text) if c.strip()]
     denial = [c for c in clauses if says_never({"content": c})]
-    return any(decide({**probe, "content": d}, {**probe, "content": c, "source_ids": []}, 1.0) == "contradiction"
-               for d in denial for c in clauses if c is not d and not says_never({"content": c}))
+    said = [c for c in clauses if not says_never({"content": c}) and is_statement({"content": c})]
+    return any(contradiction({**probe, "content": d}, {**probe, "content": c})
+               for d in denial if is_statement({"content": d}) for c in said)
