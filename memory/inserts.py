@@ -18,12 +18,12 @@ INSERTS_KEPT = 4096
 
 
 class InsertLog:
-    """(table, version) -> (the version before, the users whose rows it added); thread-safe."""
+    """(table, version) -> the users whose rows it added to the version just before; thread-safe."""
 
     def __init__(self, kept: int = INSERTS_KEPT) -> None:
         self._kept = kept
         self._lock = threading.Lock()
-        self._inserts: OrderedDict[tuple[str, int], tuple[int, frozenset[str]]] = OrderedDict()
+        self._inserts: OrderedDict[tuple[str, int], frozenset[str]] = OrderedDict()
 
     def note(self, name: str, before: int, after: int, users: Iterable[str]) -> None:
         """Remember that version `after` of `name` is version `before` plus rows of `users` only;
@@ -31,16 +31,16 @@ class InsertLog:
         if after != before + 1:
             return
         with self._lock:
-            self._inserts[(name, after)] = (before, frozenset(str(u) for u in users))
+            self._inserts[(name, after)] = frozenset(str(u) for u in users)
             while len(self._inserts) > self._kept:
                 self._inserts.popitem(last=False)
 
     def last(self, name: str) -> tuple[int, int, frozenset[str]] | None:
         """The newest noted insert of `name`: (version before, its version, users); None if none."""
         with self._lock:
-            for (table, after), (before, users) in reversed(self._inserts.items()):
+            for (table, after), users in reversed(self._inserts.items()):
                 if table == name:
-                    return before, after, users
+                    return after - 1, after, users
         return None
 
     def inserted_only(self, name: str, old: int, new: int, user_id: str) -> bool:
@@ -49,8 +49,8 @@ class InsertLog:
         with self._lock:
             version = new
             while version > old:
-                step = self._inserts.get((name, version))
-                if step is None or step[0] != version - 1 or user_id in step[1]:
+                users = self._inserts.get((name, version))
+                if users is None or user_id in users:
                     return False
                 version -= 1
         return version == old
