@@ -36,8 +36,8 @@ import pyarrow.compute as pc
 
 from memory.dates import normalize_date, to_date
 from memory.embed import Embedder
-from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities
-from memory.llm.rules.turns import Turns, Unheld, plan_turns
+from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities, restates
+from memory.llm.rules.turns import History, Turns, Unheld, plan_turns
 from memory.settings import RetrievalSettings
 from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows, fragment_row, has_stored,
                                  timed)
@@ -120,6 +120,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
             for word in q.context:
                 qindex[(q.unit, word)].append(i)
     changed: dict[str, dict[str, Any]] = {}
+    history = History(frags, turns)
     order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
     for i in order:
         f = frags[i]
@@ -138,11 +139,12 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
                 continue                                # history: only current fragments change
             newer, older = (f, c) if times[j] <= times[i] else (c, f)
             verdict = decide(newer, older, sim)
+            if verdict == "update" and restates(newer, older, _earlier(history, older, z[pos[older["id"]]],
+                                                                       times[pos[older["id"]]])):
+                continue                                # gives back what `older` replaced
             if verdict == "update":
                 updated = updated or newer is f
-                older["valid_until"] = when(newer, message_ts)
-                older["superseded_by"] = newer["id"]
-                older["supersede_version"] = version
+                history.close(older, newer["id"], when(newer, message_ts), version)
                 changed[older["id"]] = older
             elif verdict == "contradiction" and not newer.get("contradicts"):
                 newer["contradicts"] = older["id"]
@@ -156,6 +158,15 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
             if against:
                 f["contradicts_sources"] = against
     return changed
+
+
+def _earlier(history: History, f: dict[str, Any], vec: np.ndarray, since: str) -> list[dict[str, Any]]:
+    """What `f` replaced: its history, or (not decided yet: a newer fragment is judged in the older
+    one's turn) the statements of the older turns it would replace."""
+    found = history.of_fragment(f)
+    if found or f.get("replaces_sources") or history.turns is None:
+        return found
+    return [s for mid in history.turns.replaced(f, vec, since) for s in history.turns.statements(mid)]
 
 
 def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = (),

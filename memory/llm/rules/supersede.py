@@ -17,9 +17,20 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   (their month names left out of the context). Numbers of different things are common, so a
   unitless number, a date or a time only updates when the newer statement says it changed: a change
   cue among the `CUE_WORDS` words before it (``rescheduled to March 22 at 4:30 PM``, ``the new April
-  25 deadline``, ``has increased to 7``); a number with a unit (``52 sources``) needs none. Years,
+  25 deadline``, ``has increased to 7``), or a change verb whose object runs up to a ``to`` right
+  before the value, however long (``adjust the deadline for my Instagram automation prototype to
+  April 5``); a number with a unit (``52 sources``) needs none. A number right after ``under``,
+  ``with``, ``for`` or ``across`` is a measurement's *condition*: when both fragments state one of
+  the same quantity with different values, the measurements they condition are two facts, not an
+  update (``120ms under 20 concurrent requests`` / ``210ms under 300 concurrent requests``); a
+  condition alone that changes is an update (``planning for 300 users`` after 100). Years,
   version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``) and ratios (``8/10``, ``2:1``) are not
   quantities.
+* **restatements** — a newer fragment whose changed values are exactly those the older one
+  replaced (the history: the fragments the older one closed, the turns it names in
+  ``replaces_sources``) restates the old state and does not replace the current value (``100
+  requests/minute`` again after ``100`` → ``120``), unless it says the value went back (``back to``,
+  ``again``, ``reverted``). The callers ask `restates` with that history (`turns.History`).
 * **named values** — under the same key (or a text cosine of at least `NAMED_SIM`), a newer fragment
   with a change cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a
   capitalized value the older one does not name (within `CUE_WORDS` words after the cue), while
@@ -42,15 +53,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable
 
 from memory.text import content_tokens, is_content
 
-__all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "contradiction", "same_key", "is_statement",
+__all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction", "same_key", "is_statement",
            "says_never", "WINDOW", "CUE_WORDS",
            "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v4"
+SUPERSEDE_VERSION = "rules-supersede-v5"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -76,6 +87,16 @@ _CHANGE_RE = re.compile(r"\b(?:now|no\s+longer|anymore|switched|switching|change
                         # the verbs of a change under way: "trying to adjust the deadline to April 5"
                         r"adjust(?:ing)?|chang(?:e|ing)|mov(?:e|ing)|reschedul(?:e|ing)|postpon(?:e|ing)|"
                         r"extend(?:ing)?|switch(?:ing)?|updating|shift(?:ing)?)\b", re.IGNORECASE)
+#: a change verb whose object runs up to "to" right before the value, the cue however far back in its
+#: clause: "adjust the deadline for my Instagram automation prototype to April 5"
+_CHANGE_TO_RE = re.compile(r"\b(?:adjust|chang|mov|reschedul|postpon|extend|switch|shift|updat|increas|decreas|"
+                           r"rais|lower|reduc|push|bump|set)\w*\b[^.,;:!?]{0,80}\bto\s*$", re.IGNORECASE)
+#: words saying a value goes back to an earlier one: a restatement of it is then a real change
+_REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|again|revert(?:ed|ing)?|returned\s+to|restored?)\b",
+                        re.IGNORECASE)
+#: a preposition right before a number that makes it the condition of a measurement ("180ms under
+#: 20 concurrent requests", "with 50 items"): two measurements under different conditions are two facts
+_CONDITIONS = frozenset({"under", "with", "for", "across"})
 _MONTHS = {m: i + 1 for i, ms in enumerate(("january jan", "february feb", "march mar", "april apr", "may",
                                              "june jun", "july jul", "august aug", "september sep sept",
                                              "october oct", "november nov", "december dec"))
@@ -123,6 +144,8 @@ class Quantity:
     cued: bool = False
     #: the period of a rate ("1,700 words/day", "a weekly word count of 1,200": day, week), or ""
     per: str = ""
+    #: the number is a measurement's condition (`_CONDITIONS`: "under 20 concurrent requests")
+    condition: bool = False
 
     @property
     def needs_cue(self) -> bool:
@@ -144,12 +167,15 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
     before = [_stem(w) for w in content_tokens(text[:start], exclude)][-WINDOW:]
     after = [_stem(w) for w in content_tokens(text[end:], exclude)][:WINDOW // 2]
     named = [unit] if unit and unit not in _UNIT_ALIASES.values() and unit not in ("date", "time", "$") else []
-    cued = bool(_CHANGE_RE.search(" ".join(text[:start].split()[-CUE_WORDS:])))
+    cued = bool(_CHANGE_RE.search(" ".join(text[:start].split()[-CUE_WORDS:])) or _CHANGE_TO_RE.search(text[:start]))
+    last = text[:start].split()[-1:]
+    condition = bool(last) and last[0].lower() in _CONDITIONS and unit not in ("date", "time")
     rate = _PER_RE.match(text, end)
     per = rate.group(1).lower() if rate else next(
         (_PERIODS[w] for w in text[:start].lower().split()[-WINDOW:] + text[end:].lower().split()[:2]
          if w in _PERIODS), "")
-    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per)
+    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per,
+                    condition=condition)
 
 
 @lru_cache(maxsize=65536)
@@ -209,22 +235,48 @@ def _text(f: dict[str, Any]) -> str:
 
 def quantity_change(newer: dict[str, Any], older: dict[str, Any]) -> bool:
     """The newer fragment gives another value to a quantity of the older one (see the module doc)."""
+    return bool(changed(newer, older))
+
+
+def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
+    """The quantities of `newer` that give a quantity of `older` another value; none when a
+    measurement changes under another condition (a number right after `_CONDITIONS` in both, same
+    unit and context, different values: "120ms under 20 requests" / "210ms under 300 users" are two
+    facts). A condition alone that changes is an update ("planning for 300 users" after 100)."""
     exclude = _names(str(newer.get("subject") or ""))
     new_q, old_q = quantities(_text(newer), exclude), quantities(_text(older), exclude)
     if not new_q or not old_q:
-        return False
+        return []
     new_values, old_values = {(_kind(q), q.value) for q in new_q}, {(_kind(q), q.value) for q in old_q}
     same_period = any(kind == "date" and (kind, v) in old_values for kind, v in new_values)
+    out: list[Quantity] = []
+    conditions: list[Quantity] = []
     for nq in new_q:
-        if nq.needs_cue and not nq.cued:
-            continue
         scope = 1 if same_period and _kind(nq) != "date" else 0     # a date both state: one shared word
         for oq in old_q:
             if not _same_unit(nq, oq) or len(nq.context & oq.context) + scope < MIN_SHARED:
                 continue
-            if (_kind(nq), nq.value) not in old_values and (_kind(oq), oq.value) not in new_values:
-                return True
-    return False
+            if (_kind(nq), nq.value) in old_values or (_kind(oq), oq.value) in new_values:
+                continue
+            if nq.needs_cue and not nq.cued:
+                continue
+            found = conditions if nq.condition and oq.condition else out
+            if nq not in found:
+                found.append(nq)
+    return [] if out and conditions else out or conditions
+
+
+def restates(newer: dict[str, Any], older: dict[str, Any], earlier: Iterable[dict[str, Any]]) -> bool:
+    """`newer` gives back, unchanged, the values that `older` replaced in `earlier` (the statements
+    `older` superseded): it restates the old state ("12 problems, 70% to 90%" again after "15
+    problems") and does not replace `older`, unless it says the value went back (`_REVERT_RE`)."""
+    drivers = changed(newer, older)
+    if not drivers or _REVERT_RE.search(str(newer.get("content") or "")):
+        return False
+    exclude = _names(str(newer.get("subject") or ""))
+    past = [q for e in earlier for q in quantities(_text(e), exclude)]
+    return all(any(_same_unit(d, p) and d.value == p.value and len(d.context & p.context) >= MIN_SHARED
+                   for p in past) for d in drivers)
 
 
 def _kind(q: Quantity) -> str:
@@ -326,7 +378,9 @@ def says_never(f: dict[str, Any]) -> bool:
 
 def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> str | None:
     """"update" when `newer` replaces `older`, "contradiction" when it contradicts it without
-    replacing it, None otherwise. Both are fragment dicts (subject, key, content, date)."""
+    replacing it, None otherwise. Both are fragment dicts (subject, key, content, date). Whether
+    an update only restates what `older` replaced is the caller's to ask (`restates`): it needs
+    the history."""
     if str(newer.get("subject") or "").lower() != str(older.get("subject") or "").lower():
         return None
     if not (is_statement(newer) and is_statement(older)):

@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from memory.llm.rules.supersede import (SUPERSEDE_VERSION, contradiction, decide, is_statement, quantities,
-                                         says_never)
+                                         restates, says_never)
 from memory.text import split_sentences
 
-__all__ = ["Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
+__all__ = ["History", "Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
            "MAX_CONTRADICTED", "MAX_SENTENCES"]
 
 #: older turns of the fragment's subject searched for a statement extraction missed (by cosine)
@@ -49,6 +49,9 @@ class Turns:
         self.rows = rows
         self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
             np.zeros((0, 1), dtype=np.float32)
+        self.at = {m["message_id"]: j for j, m in enumerate(rows)}
+        #: what each fragment and turn replaced, set by the planner (`History`): restatements are no update
+        self.history: History | None = None
         self._split: dict[int, list[str]] = {}
         self._sentences: dict[int, list[str]] = {}
         self._qindex: dict[tuple[str, str], set[int]] | None = None
@@ -84,6 +87,14 @@ class Turns:
             self._sentences[j] = [s for s in self.split(j) if any(c.isdigit() for c in s)
                                   and is_statement({"content": s})]
         return self._sentences[j]
+
+    def statements(self, mid: str) -> list[dict[str, Any]]:
+        """The numbered statements of turn `mid` as fragment-like dicts (none for an unknown turn)."""
+        j = self.at.get(mid)
+        if j is None:
+            return []
+        m = self.rows[j]
+        return [{"subject": m.get("speaker"), "key": "", "content": s, "source_ids": [mid]} for s in self.sentences(j)]
 
     def openings(self, j: int) -> list[str]:
         """The first `MAX_SENTENCES` sentences of turn j, where a turn states its situation."""
@@ -131,10 +142,49 @@ class Turns:
                 continue
             for sentence in sentences(j):
                 old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
-                if decide(f, old, float(sims[j])) == verdict:
+                if decide(f, old, float(sims[j])) == verdict and not (
+                        verdict == "update" and self.history and restates(f, old, self.history.of_turn(m))):
                     out.append(m["message_id"])
                     break
         return out             # a new value replaces one statement, the nearest; a denial a few
+
+
+class History:
+    """What each fragment and turn replaced, kept current while the planners link them: an update
+    that gives back a value its older statement replaced is a restatement (rules' `restates`).
+    Closing a fragment goes through `close` so the history sees it."""
+
+    def __init__(self, frags: list[dict[str, Any]], turns: Turns | None = None) -> None:
+        self.turns = turns
+        self.closed_by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.citing: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for f in frags:
+            if f.get("superseded_by"):
+                self.closed_by[str(f["superseded_by"])].append(f)
+            for sid in f.get("source_ids") or []:
+                self.citing[sid].append(f)
+        if turns is not None:
+            turns.history = self
+
+    def close(self, older: dict[str, Any], newer_id: str, since: str, version: str) -> None:
+        """Close `older` (superseded by the fragment or message row `newer_id` from `since`)."""
+        older.update(superseded_by=newer_id, valid_until=since, supersede_version=version)
+        self.closed_by[newer_id].append(older)
+
+    def of_fragment(self, f: dict[str, Any]) -> list[dict[str, Any]]:
+        """The statements `f` replaced: the fragments it closed and the turns it names."""
+        out = list(self.closed_by.get(str(f.get("id")), []))
+        if self.turns is not None:
+            for mid in f.get("replaces_sources") or []:
+                out += self.turns.statements(mid)
+        return out
+
+    def of_turn(self, m: dict[str, Any]) -> list[dict[str, Any]]:
+        """The statements turn `m` (a message row) replaced, through its fragments or itself."""
+        out = list(self.closed_by.get(str(m.get("id")), []))
+        for f in self.citing.get(m["message_id"], []):
+            out += self.of_fragment(f)
+        return out
 
 
 #: (newer message id, its sentence, the older message id, the field naming it: `replaces_sources` or
@@ -158,7 +208,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
     for f in frags:
         for sid in f.get("source_ids") or []:
             carriers[sid].append(f)
-    at = {m["message_id"]: j for j, m in enumerate(turns.rows)}
+    history = turns.history or History(frags, turns)
     changed: dict[str, dict[str, Any]] = {}
 
     def add(f: dict[str, Any], field: str, ids: list[str]) -> None:
@@ -169,7 +219,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
             changed[f["id"]] = f
 
     for mid in dict.fromkeys(todo):
-        j = at.get(mid)
+        j = turns.at.get(mid)
         if j is None:
             continue
         m, own = turns.rows[j], carriers.get(mid, [])
@@ -197,7 +247,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
                     if verdict == "update" and m.get("id"):
                         for g in held:
                             if not g.get("superseded_by"):
-                                g.update(superseded_by=m["id"], valid_until=since, supersede_version=version)
+                                history.close(g, m["id"], since, version)
                                 changed[g["id"]] = g
                     elif verdict == "contradiction" and (held or carriers.get(old)):
                         add((held or carriers[old])[0], field, [mid])

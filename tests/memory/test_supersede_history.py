@@ -1,0 +1,104 @@
+"""What rules-supersede-v5 adds (issue 12): a measurement under another condition is another fact,
+not an update; a change verb reaches its value through "to" however long its object; and a newer
+statement that gives back the value its older one replaced restates the old state instead of
+replacing the current one (unless it says the value went back). Real embedder where vectors matter."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from memory.embed import Embedder
+from memory.llm.rules.supersede import changed, decide, restates
+from memory.llm.rules.turns import History, Turns
+from memory.stages.supersede import plan
+
+
+def _f(text: str, mid: str, subject: str = "user") -> dict[str, Any]:
+    return {"subject": subject, "key": "", "content": text, "source_ids": [mid]}
+
+
+def test_a_measurement_under_another_condition_is_another_fact() -> None:
+    before = _f("user has been measuring the login API response time and it's currently at 180ms under 20 "
+                "concurrent requests", "m1")
+    after = _f("user's login API response time has decreased to 120ms under 20 concurrent requests after "
+               "optimizing the authentication flow", "m2")
+    other = _f("user has noticed that under 300 concurrent requests, user's login API response time is around "
+               "210ms, which is acceptable", "m3")
+    assert decide(after, before, 0.7) == "update"          # the same condition: the value changed
+    assert decide(other, after, 0.7) is None               # another load: both measurements hold
+    assert changed(other, after) == []
+    plan_more = _f("user is now planning the login API capacity for 300 concurrent users", "m5")
+    plan_less = _f("user is planning the login API capacity for 100 concurrent users", "m4")
+    assert decide(plan_more, plan_less, 0.7) == "update"   # a condition alone that changes is a change
+
+
+def test_a_change_verb_reaches_its_value_through_to() -> None:
+    first = _f("user needs to set a sprint deadline of April 1, 2024, to complete the Instagram automation "
+               "prototype", "m1")
+    moved = _f("user is trying to adjust the deadline for user's Instagram automation prototype to April 5, "
+               "2024, as mentioned", "m2")
+    assert decide(moved, first, 0.6) == "update"
+    trip = _f("user is flying with the Instagram automation prototype demo to Lisbon on April 5, 2024", "m3")
+    assert decide(trip, first, 0.6) is None                # no change verb: a date is not a new deadline
+    far = _f("user adjusted the layout. user's Instagram automation prototype deadline talk goes to April 5, "
+             "2024", "m4")
+    assert decide(far, first, 0.6) is None                 # the verb is in another sentence
+
+
+def test_giving_back_a_replaced_value_restates_it() -> None:
+    first = _f("user is implementing API rate limiting using Flask-Limiter and has set it to 100 requests/minute",
+               "m1")
+    update = _f("user is trying to update user's API to handle the new rate limit of 120 requests per minute",
+                "m2")
+    again = _f("user has configured the limiter to allow 100 requests per minute, but user still gets errors", "m3")
+    assert decide(again, update, 0.7) == "update"          # alone, the pair looks like a change...
+    assert restates(again, update, [first])                # ...but it gives back what `update` replaced
+    back = _f("user has set the rate limit back to 100 requests per minute after the load tests", "m4")
+    assert not restates(back, update, [first])             # saying so makes it a real change
+    assert not restates(_f("user has raised the limiter to allow 150 requests per minute for the API", "m5"),
+                        update, [first])
+
+
+def _frag(fid: str, mid: str, day: int, content: str, vec: Any) -> dict[str, Any]:
+    return {"id": fid, "subject": "user", "key": "", "content": content, "source_ids": [mid], "vector": vec,
+            "valid_from": datetime(2024, 4, day, 9, tzinfo=timezone.utc).isoformat()}
+
+
+def _turn(mid: str, day: int, text: str, vec: Any) -> dict[str, Any]:
+    return {"id": f"msg-{mid}", "message_id": mid, "speaker": "user", "text": text, "vector": vec,
+            "ts": datetime(2024, 4, day, 9, tzinfo=timezone.utc)}
+
+
+def test_a_restatement_leaves_the_current_value_current(embedder: Embedder) -> None:
+    """Through `plan`: the second value closes the first; a later restatement of the first closes
+    nothing (the second stays current); a later "back to" closes the second."""
+    texts = ["user is implementing API rate limiting using Flask-Limiter and has set it to 100 requests/minute",
+             "user is trying to update user's API to handle the new rate limit of 120 requests per minute",
+             "user has configured the Flask-Limiter limiter to allow 100 requests per minute for the API"]
+    vecs = embedder.embed(texts)
+    frags = [_frag(f"f{i}", f"m{i}", i + 1, t, v) for i, (t, v) in enumerate(zip(texts, vecs))]
+    plan(frags, ["f0", "f1", "f2"], {})
+    assert frags[0]["superseded_by"] == "f1"
+    assert not frags[1].get("superseded_by")
+    back = "user has moved the Flask-Limiter rate limit back to 100 requests per minute for the API"
+    frags.append(_frag("f3", "m3", 9, back, embedder.embed([back])[0]))
+    plan(frags, ["f3"], {})
+    assert frags[1]["superseded_by"] == "f3"
+
+
+def test_a_restatement_does_not_replace_a_turn(embedder: Embedder) -> None:
+    """Turn against turn: the older turn's fragment replaced an even older turn's value (its
+    `replaces_sources`); a newer statement restating that value does not replace the older turn."""
+    texts = [("m1", 1, "I'm implementing API rate limiting using Flask-Limiter and I've set it to 100 "
+                       "requests/minute."),
+             ("m2", 2, "I'm trying to update my API to handle the new rate limit of 120 requests per minute.")]
+    vecs = embedder.embed([t for _, _, t in texts])
+    turns = Turns([_turn(m, d, t, v) for (m, d, t), v in zip(texts, vecs)])
+    holder = {**_frag("f2", "m2", 2, "user is trying to fix a Flask error in user's API", vecs[1]),
+              "replaces_sources": ["m1"]}
+    said = "user has configured the limiter to allow 100 requests per minute for the API"
+    new = _f(said, "m9")
+    vec = embedder.embed([said])[0]
+    assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == ["m2"]     # no history: an update
+    History([holder], turns)
+    assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == []
