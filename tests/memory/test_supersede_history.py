@@ -102,3 +102,21 @@ def test_a_restatement_does_not_replace_a_turn(embedder: Embedder) -> None:
     assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == ["m2"]     # no history: an update
     History([holder], turns)
     assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == []
+
+
+def test_a_restatement_of_a_replaced_turn_in_the_same_run(embedder: Embedder) -> None:
+    """The older fragment replaced a turn no fragment holds, and both fragments are decided in one
+    run: the newer one is judged in the older one's turn, before its turn link is made, and the
+    history still holds the turn it replaces."""
+    texts = [("m0", 1, "I've set the rate limit to 100 requests/minute in Flask-Limiter for my API."),
+             ("m1", 2, "I'm trying to update my API to handle the new rate limit of 120 requests per minute."),
+             ("m2", 3, "I've configured the limiter to allow 100 requests per minute for the API.")]
+    vecs = embedder.embed([t for _, _, t in texts])
+    turns = Turns([_turn(m, d, t, v) for (m, d, t), v in zip(texts, vecs)])
+    frags = [_frag("f1", "m1", 2, "user is trying to update user's API to handle the new rate limit of 120 "
+                   "requests per minute", vecs[1]),
+             _frag("f2", "m2", 3, "user has configured the limiter to allow 100 requests per minute for the API",
+                   vecs[2])]
+    plan(frags, ["f1", "f2"], {}, turns=turns)
+    assert frags[0]["replaces_sources"] == ["m0"]
+    assert not frags[0].get("superseded_by")
