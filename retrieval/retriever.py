@@ -25,7 +25,7 @@ from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
 from retrieval.rerank.model import GLOBAL, Reranker, RerankerCache, scope_key
 from retrieval.strategies import STRATEGIES, Query, novel_order, profile_row
-from retrieval.validity import annotate, order_current
+from retrieval.validity import annotate, asks_history, order_current
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class Retriever:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
                                         dedupe=q.deduped)
         if s.validity:
-            rows, scores, moved = order_current(index, rows, scores, vec, k)
+            rows, scores, moved = order_current(index, rows, scores, vec, k, history=asks_history(text))
             q.signals.update(moved)
         result.route = route
         result.deduped = q.deduped

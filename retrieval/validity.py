@@ -13,7 +13,9 @@ query matches it about as well (cosine within `RELEVANCE_MARGIN`) or at least as
 result's least similar memory (a turn says many things; only the changed one should move), a
 version not in the result is pulled in only for a replaced memory in the top `PULL_DEPTH` of the k,
 and a version whose turns a memory above already cites is not moved at all (the replaced memory
-already ranks below them; a copy would only push an answer out of the k).
+already ranks below them; a copy would only push an answer out of the k). A query that asks what held
+before a change (`asks_history`: "at the start", "originally", "what did I first say") moves no newer
+version: the replaced memory is its answer (issue 12: the history stays retrievable).
 
 A fragment that contradicts another (`contradicts`, either side; for a message, the fragment of it
 the query matches best; `contradicts_sources`: the fragment and its turns against the other turn)
@@ -26,6 +28,7 @@ out.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Collection
@@ -36,7 +39,7 @@ import pyarrow.compute as pc
 
 from retrieval.index import FRAGMENT_VALIDITY, VALIDITY_COLUMNS, UserIndex
 
-__all__ = ["Validity", "validity_of", "order_current", "annotate", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
+__all__ = ["Validity", "validity_of", "order_current", "annotate", "asks_history", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
            "MAX_SHOWN_CONTRADICTIONS"]
 
 #: superseded_by links followed to find the current version (a guard against cycles)
@@ -49,6 +52,16 @@ PULL_DEPTH = 0.5
 #: counterparts one memory shows in context (`contradiction`, then `also_contradicts`)
 MAX_SHOWN_CONTRADICTIONS = 3
 _COLUMNS = ["id", "source_ids"] + VALIDITY_COLUMNS
+#: a query about what was said before a change ("what did I say at the start?", "originally", "used to")
+_HISTORY_RE = re.compile(r"\b(?:at\s+the\s+(?:start|beginning|outset)|initially|originally|at\s+first|used\s+to|"
+                         r"first\s+(?:say|said|mention(?:ed)?|tell|told|plan(?:ned)?|set|state(?:d)?))\b",
+                         re.IGNORECASE)
+
+
+def asks_history(text: str | None) -> bool:
+    """Does the query ask what held before a change ("... at the start?", "originally", "used to")?
+    Then the replaced memory is the answer: no newer version is put above it (`order_current`)."""
+    return bool(text and _HISTORY_RE.search(text))
 
 
 @dataclass
@@ -217,9 +230,10 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
 
 
 def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray,
-                  k: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+                  k: int, history: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The strategy's ranking with current versions above superseded ones and contradicting pairs
-    together (see the module doc), cut to `k`; plus signals (how many were moved or pulled in)."""
+    together (see the module doc), cut to `k`; plus signals (how many were moved or pulled in).
+    With `history` (the query asks what held before: `asks_history`) no newer version is moved."""
     v = validity_of(index)
     if v.empty or rows.size == 0:
         return rows, scores, {}
@@ -237,7 +251,8 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     for i, (row, score) in enumerate(zip(rows.tolist(), scores.tolist())):
         if row in placed:
             continue
-        crow = replacement(index, v, row, vec, ids[i], sources[i] or [], row_of, row_sims[i], floor)
+        crow = None if history else replacement(index, v, row, vec, ids[i], sources[i] or [], row_of,
+                                                row_sims[i], floor)
         cites = set(index.source_ids(crow)) if crow is not None else set()
         if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) \
                 and not cites <= above:     # its turns already ranked above: nothing to add

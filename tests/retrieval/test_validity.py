@@ -169,3 +169,14 @@ def test_a_version_whose_turn_ranks_above_is_not_pulled_again(validity_store: St
     rows, _, signals = order_current(index, ranked[1:], np.linspace(1, 0.5, 3).astype(np.float32), vec, k=3)
     assert signals["validity"]["current_pulled"] == 1 and rows[1] == row_of["msg-m0"]
     assert set(index.meta.column("source_ids")[int(rows[0])].as_py()) == {"m3"}
+
+
+def test_a_query_about_what_held_before_keeps_the_replaced_value(validity_store: Store, embedder: Embedder) -> None:
+    """"... at the start?" asks for the replaced value: no newer version is put above it; the same
+    query without it gets the current value first."""
+    r = _retriever(validity_store, embedder, True)
+    before = r.retrieve(USER, "What monthly rent did I pay for the flat on Elm Street at the start?", k=2,
+                        strategy="familiarity")
+    assert before.ids[0] in ("f0", "msg-m0") and before.signals["validity"]["current_pulled"] == 0
+    now = r.retrieve(USER, "What monthly rent do I pay for the flat on Elm Street?", k=2, strategy="familiarity")
+    assert _rank(now.ids, "f3") < _rank(now.ids, "f0")
