@@ -221,10 +221,11 @@ def deletions(store: Store, p: Plan) -> dict[str, set[str]]:
     quarantine and cache, which depend on what the re-derivation rewrites)."""
     user = p.user_id
     dels: dict[str, set[str]] = {}
-    if p.remaining == 0:   # nothing of the user survives: every row of the user goes
-        for name in USER_TABLES:
+    if p.remaining == 0:   # nothing of the user survives: every row of the user goes (the tables the
+        for name in USER_TABLES:   # plan read come from `p.rows`, the others from the store)
             if store.has_table(name):
-                dels[name] = set(store.read(name, user, columns=["id"]).column("id").to_pylist())
+                rows = p.rows[name] if name in p.rows else store.read(name, user, columns=["id"]).to_pylist()
+                dels[name] = {r["id"] for r in rows}
         return dels
     dels = rollback_ids(store, p) if p.rollback is not None else {}
     dels.setdefault("messages", set()).update(p.row_ids)
@@ -251,7 +252,7 @@ def write(store: Store, p: Plan, dels: dict[str, set[str]], state: ShardState | 
     dels["feedback"] = dels.get("feedback", set()) | feedback_ids(store, user, gone_memories)
     dels["rerankers"] = reranker_ids(store, user, dels["feedback"])
     dels["quarantine"] = quarantine_ids(store, p, dels)
-    dels["llm_cache"] = set(ResponseCache(store).forget_rows(user, p.message_ids, cache_memory_ids(store, p),
+    dels["llm_cache"] = set(ResponseCache(store).forget_rows(user, p.message_ids, cache_memory_ids(p),
                                                              whole_user=p.remaining == 0))
     touched = {name for name, ids in dels.items() if ids}
     for name, ids in dels.items():
@@ -385,13 +386,13 @@ def _names_forgotten(raw: str | None, messages: set[str], sessions: set[str]) ->
     return bool(ids & messages) or str(rec.get("session_id")) in sessions
 
 
-def cache_memory_ids(store: Store, p: Plan) -> set[str]:
+def cache_memory_ids(p: Plan) -> set[str]:
     """The reverse-index entries of tainted memories: their ids, and the hashes of topic summaries
-    (the merge prompt quotes a new topic's summary by text)."""
+    (the merge prompt quotes a new topic's summary by text; the topics as the plan read them)."""
     out = set().union(*p.tainted.values()) if p.tainted else set()
-    ids = sorted(p.tainted.get("topics", set()))
-    if ids:
-        for r in store.read_ids("topics", ids, columns=["text", "history_json"]).to_pylist():
+    ids = p.tainted.get("topics", set())
+    for r in p.rows.get("topics", []):
+        if r["id"] in ids:
             out.add(text_key(r["text"] or ""))
             for h in json.loads(r["history_json"] or "[]"):
                 out |= {text_key(h.get("text") or ""), text_key(h.get("new_summary") or "")}

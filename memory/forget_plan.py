@@ -74,7 +74,8 @@ class Plan:
     rerun: list[dict[str, Any]] = field(default_factory=list)   # session rows consolidated again
     done_at_rollback: int = 0
     gone_session_rows: list[str] = field(default_factory=list)  # their `sessions` row ids
-    # the user's rows `taint` read, per table (`forget.rollback_ids` reuses them instead of reading again)
+    # the user's rows the plan read, per table (`taint`'s; the ids of messages, sessions and watermarks
+    # when nothing survives): `forget.rollback_ids` and `forget.deletions` reuse them, never read again
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
@@ -130,7 +131,7 @@ def taint(store: Store, user: str, gone: set[str],
     out["links"] = {r["id"] for r in rows("links", ["id", "pool_cluster_id", "new_cluster_id"])
                     if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
     topics = set()
-    for r in rows("topics", ["id", "created_ts", "source_ids", "history_json"]):
+    for r in rows("topics", ["id", "created_ts", "source_ids", "history_json", "text"]):
         history = json.loads(r["history_json"] or "[]")
         if _hits(r["source_ids"], gone) or any(_hits(h.get("source_ids"), gone) for h in history):
             topics.add(r["id"])
@@ -174,6 +175,9 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
             p.cut_sessions[sid] = {**s, "n_messages": g.height,
                                    "speakers": list(dict.fromkeys(g["speaker"].to_list()))}
     wm = store.read("watermarks", user)
+    if p.remaining == 0:   # every row of the user goes (`forget.deletions`): keep the ids read here
+        p.rows.update(messages=msgs.select("id").to_dicts(), sessions=sessions.select("id").to_dicts(),
+                      watermarks=wm.select(["id"]).to_pylist())
     if wm.num_rows:
         p.watermark = (wm.column("last_session_ts")[0].as_py(), int(wm.column("sessions_done")[0].as_py() or 0))
     if rec.get("old_watermark") and p.watermark is not None:

@@ -85,6 +85,8 @@ class Store:
         self._pinned: OrderedDict[tuple[str, int], Any] = OrderedDict()   # (table, version) -> handle
         #: the versions of its tables that were plain inserts, and of whose rows (`memory.inserts`)
         self.inserts = InsertLog()
+        #: the commit marker this handle last read, by `units` version (`units.latest_marker`'s memo)
+        self.markers = units.MarkerMemo()
 
     # -- tables ---------------------------------------------------------------------------
     def table_names(self) -> list[str]:

@@ -110,3 +110,18 @@ def _serve(app: Any, **config: Any) -> Iterator[str]:
 def serve_app() -> Callable[[Any], ContextManager[str]]:
     """`with serve_app(app, **uvicorn_config) as url:` runs the app on loopback for the block."""
     return _serve
+
+
+@pytest.fixture
+def store_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The table of every `Store.read` during the test, in order (every handle; `.clear()` it to start
+    counting later): how tests check that a path reads what it must and no more."""
+    reads: list[str] = []
+    real = Store.read
+
+    def recording(self: Store, name: str, *args: Any, **kw: Any) -> Any:
+        reads.append(name)
+        return real(self, name, *args, **kw)
+
+    monkeypatch.setattr(Store, "read", recording)
+    return reads

@@ -141,6 +141,19 @@ def test_forget_user_keeps_other_users(canary_store: Path, tmp_path: Path, embed
     assert forget(store, s, "alice").messages == 0
 
 
+def test_whole_user_forget_reads_each_planned_table_once(canary_store: Path, tmp_path: Path,
+                                                         store_reads: list[str]) -> None:
+    """The whole-user deletions take the ids the plan read (`Plan.rows`), not another read of each table."""
+    store, s, _ = fresh(canary_store, tmp_path)
+    store_reads.clear()
+    assert forget(store, s, "alice", keep_versions=True).deleted["fragments"] > 0   # the purge reads aside
+    planned = ("messages", "sessions", "watermarks", "fragments", "insights", "clusters", "links", "topics",
+               "summaries", "graph_nodes")
+    assert {name: store_reads.count(name) for name in planned} == dict.fromkeys(planned, 1)
+    assert store_reads.count("observations") <= 1
+    assert not any(store.read(name, "alice").num_rows for name in planned)
+
+
 def test_crash_midway_is_completed_by_the_next_forget(canary_store: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     store, s, root = fresh(canary_store, tmp_path)

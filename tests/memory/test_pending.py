@@ -204,26 +204,18 @@ def test_late_session_is_consolidated(sample_store: Store, tmp_path: Path) -> No
 
 
 # -- (d) nothing new, nothing done ----------------------------------------------------------------------
-def test_run_with_nothing_new_does_nothing(sample_store: Store, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_with_nothing_new_does_nothing(sample_store: Store, tmp_path: Path, store_reads: list[str]) -> None:
     store = sample_store
     _append(store, tmp_path, APPENDED + LATE)
     assert _run(store).counts["sessions"] == 2
     versions = {name: store.version(name) for name in store.table_names() if name != "runs"}
-    read: list[str] = []
-    real = Store.read
-
-    def recording(self: Store, name: str, *args: Any, **kw: Any) -> Any:
-        read.append(name)
-        return real(self, name, *args, **kw)
-
-    monkeypatch.setattr(Store, "read", recording)
+    store_reads.clear()
     again = _run(store)
     assert again.counts["sessions"] == 0 and again.llm.get("calls", 0) == 0 and again.status == "completed"
     assert {name: store.version(name) for name in versions} == versions
     # `units`: the runs row's write checks for a unit left open by a dead writer (memory.units)
-    assert set(read) <= {"watermarks", "sessions", "progress", "messages", "units"}
-    assert read.count("messages") <= 1  # `plan_shards` lists the users; no user's messages are read
+    assert set(store_reads) <= {"watermarks", "sessions", "progress", "messages", "units"}
+    assert store_reads.count("messages") <= 1  # `plan_shards` lists the users; no user's messages are read
 
 
 # -- a store consolidated before progress was tracked ---------------------------------------------------
