@@ -5,8 +5,8 @@ id in `contradicts`. Nothing is deleted.
 
 Candidates, never all pairs: for each new fragment, the `NEIGHBOURS` nearest stored or new fragments
 of the user by vector (cosine >= `MIN_SIM`), the fragments with the same subject and key, and those
-holding the same quantity (an inverted index from a quantity's unit and context words, see
-`memory.llm.rules.supersede`), at most `MAX_CANDIDATES`. With the `rules` backend the rule decides
+holding the same quantity (`memory.llm.rules.turns.QuantityIndex`: an inverted index from a quantity's
+unit and context words, shared with the turns), at most `MAX_CANDIDATES`. With the `rules` backend the rule decides
 here; LLM backends decide in the reason stage (a transformation insight names the fragments it
 supersedes), so this stage then only stamps `valid_from`. A late fragment older than a stored one it
 changes is itself closed by the stored one.
@@ -22,7 +22,8 @@ row, nothing could say the older turn is out of date or denied.
 
 `supersede_user` runs the same decisions on an already consolidated store for one user (fragments
 never examined, `supersede_version` null, or decided by an older rules version), writing the
-changed rows: idempotent.
+changed rows: idempotent. Given an embedder it also makes the change fragments, for every stored
+turn (the stage leaves a stored session's turn without one), from the stored messages and sessions.
 """
 from __future__ import annotations
 
@@ -34,15 +35,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memory.dates import normalize_date, to_date
 from memory.embed import Embedder
+from memory.llm.rules.statements import sentence_item
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities, restates
-from memory.llm.rules.turns import History, Turns, Unheld, plan_turns
+from memory.llm.rules.turns import History, QuantityIndex, Turns, Unheld, plan_turns
 from memory.settings import RetrievalSettings
 from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows, fragment_row, has_stored,
                                  timed)
 from memory.store import Store
-from memory.text import categorize, key_phrase, third_person
 
 __all__ = ["supersede", "supersede_user", "plan", "change_fragments", "NEIGHBOURS", "MIN_SIM", "MAX_CANDIDATES"]
 
@@ -54,6 +54,8 @@ NEIGHBOURS = 8
 MIN_SIM = 0.5
 #: candidates examined per new fragment (vector, key and quantity candidates together)
 MAX_CANDIDATES = 32
+#: the `run_id` of the change fragments `supersede_user` makes (no consolidation run made them)
+BACKFILL_RUN = "supersede-backfill"
 
 
 def when(row: dict[str, Any], message_ts: dict[str, datetime]) -> str:
@@ -67,8 +69,8 @@ def when(row: dict[str, Any], message_ts: dict[str, datetime]) -> str:
 
 
 def _candidates(i: int, z: np.ndarray, keys: dict[tuple[str, str], list[int]],
-                qindex: dict[tuple[str, str], list[int]], frags: list[dict[str, Any]],
-                qs: list[list[Any]]) -> dict[int, float]:
+                qindex: QuantityIndex, frags: list[dict[str, Any]],
+                qs: list[list[Quantity]]) -> dict[int, float]:
     """Candidate positions for fragment i with their cosine (see the module doc)."""
     sims = z @ z[i]
     out: dict[int, float] = {}
@@ -81,13 +83,8 @@ def _candidates(i: int, z: np.ndarray, keys: dict[tuple[str, str], list[int]],
     for j in keys.get((str(f.get("subject") or "").lower(), str(f.get("key") or "").lower()), []):
         if j != i:
             out.setdefault(j, float(sims[j]))
-    hits: dict[int, int] = defaultdict(int)
-    for q in qs[i]:
-        for word in q.context:
-            for j in qindex.get((q.unit, word), []):
-                hits[j] += 1
-    for j, n in sorted(hits.items(), key=lambda kv: -kv[1]):
-        if j != i and n >= 2:
+    for j in qindex.ranked(qs[i]):
+        if j != i:
             out.setdefault(j, float(sims[j]))
     best = sorted(out.items(), key=lambda kv: -kv[1])[:MAX_CANDIDATES]
     return dict(best)
@@ -106,7 +103,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
     times = [when(f, message_ts) for f in frags]
     pos = {f["id"]: i for i, f in enumerate(frags)}
     keys: dict[tuple[str, str], list[int]] = defaultdict(list)
-    qindex: dict[tuple[str, str], list[int]] = defaultdict(list)
+    qindex = QuantityIndex()
     qs: list[list[Quantity]] = []
     statement = [is_statement(f) for f in frags]   # the rules compare statements only: skip code lines
     for i, f in enumerate(frags):
@@ -116,9 +113,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         keys[(str(f.get("subject") or "").lower(), str(f.get("key") or "").lower())].append(i)
         found = quantities(f"{f.get('key') or ''}: {f.get('content') or ''}") if decide_rules else []
         qs.append(found)
-        for q in found:
-            for word in q.context:
-                qindex[(q.unit, word)].append(i)
+        qindex.add(i, found)
     changed: dict[str, dict[str, Any]] = {}
     history = History(frags, turns)
     order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
@@ -239,12 +234,8 @@ def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], embedder
         session, m = where[mid]
         speaker = str(m.get("speaker") or "").strip() or "Unknown"
         said: datetime = m.get("ts") or session.ts
-        category = categorize(sentence)
-        item = {"subject": speaker, "category": category, "key": key_phrase(sentence, speaker),
-                "content": third_person(sentence, speaker), "source_ids": [mid],
-                "date": normalize_date(sentence, to_date(said), category)}
-        row = fragment_row(session, item, run_id=run_id, backend="rules", model="rules",
-                           prompt_version=SUPERSEDE_VERSION)
+        row = fragment_row(session, sentence_item(sentence, speaker, said, mid), run_id=run_id, backend="rules",
+                           model="rules", prompt_version=SUPERSEDE_VERSION)
         row.update(links, supersede_version=SUPERSEDE_VERSION, valid_from=said.isoformat())
         rows.append(row)
     if rows:
@@ -253,12 +244,11 @@ def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], embedder
     return rows
 
 
-def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None) -> dict[str, int]:
-    """Run the rules' decisions on one user of an already consolidated store: every fragment never
-    examined (`supersede_version` null, or decided by an older rules version: decided again) against
-    its candidates; writes the changed rows. Returns
-    counts (examined, superseded, contradictions). A second run finds nothing to examine. Every turn
-    (but `skip` speakers', default the assistants') is compared turn against turn (`plan_turns`)."""
+def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None,
+                   embedder: Embedder | None = None, *, run_id: str = BACKFILL_RUN) -> dict[str, int]:
+    """Run the rules' decisions on one user of a consolidated store (fragments never examined, or by
+    an older rules version), turn against turn too (`skip`: default the assistants); with `embedder`,
+    change fragments as the stage makes them. Writes the changed rows, returns counts; idempotent."""
     frags = _stored(store, user_id, set())
     for f in frags:                      # an older rules version's decisions are made again
         if str(f.get("supersede_version") or "").startswith(RULES_PREFIX) and f["supersede_version"] != SUPERSEDE_VERSION:
@@ -266,14 +256,18 @@ def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None
                      contradicts_sources=None, supersede_version=None)
     todo = [f["id"] for f in frags if not f.get("supersede_version")]
     if not todo:
-        return {"examined": 0, "superseded": 0, "contradictions": 0, "replaced_turns": 0, "contradicted_turns": 0}
+        return {"examined": 0, "superseded": 0, "contradictions": 0, "replaced_turns": 0, "contradicted_turns": 0,
+                "change_fragments": 0}
     before_sup = {f["id"] for f in frags if f.get("superseded_by")}
     before_con = {f["id"] for f in frags if f.get("contradicts")}
     voices = RetrievalSettings().assistant_speakers if skip is None else skip
     message_ts, turns = _turns(store, user_id, skip=voices)
     changed = plan(frags, todo, message_ts, turns=turns)
-    changed.update(plan_turns(frags, [m["message_id"] for m in turns.rows], turns))
-    rows = list(changed.values())
+    unheld: list[Unheld] = []
+    changed.update(plan_turns(frags, [m["message_id"] for m in turns.rows], turns, unheld=unheld))
+    made = change_fragments(unheld, _sessions_of(store, user_id, {u[0] for u in unheld}), embedder, run_id) \
+        if embedder is not None and unheld else []
+    rows = list(changed.values()) + made
     for r in rows:
         r["vector"] = np.asarray(r["vector"], dtype=np.float32)
     store.upsert("fragments", rows)
@@ -281,5 +275,19 @@ def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None
             "superseded": sum(1 for r in rows if r.get("superseded_by") and r["id"] not in before_sup),
             "contradictions": sum(1 for r in rows if r.get("contradicts") and r["id"] not in before_con),
             "replaced_turns": sum(len(r.get("replaces_sources") or []) for r in rows),
-            "contradicted_turns": sum(len(r.get("contradicts_sources") or []) for r in rows)}
+            "contradicted_turns": sum(len(r.get("contradicts_sources") or []) for r in rows),
+            "change_fragments": len(made)}
 
+
+def _sessions_of(store: Store, user_id: str, mids: set[str]) -> list[SessionWork]:
+    """The stored sessions holding the messages `mids`, each with those messages (what
+    `change_fragments` reads of a shard's sessions)."""
+    if not mids or not store.has_table("messages") or not store.has_table("sessions"):
+        return []
+    by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for m in store.read("messages", user_id, columns=["message_id", "session_id", "speaker", "ts"]).to_pylist():
+        if m["message_id"] in mids:
+            by_session[m["session_id"]].append(m)
+    sessions = store.read("sessions", user_id, columns=["session_id", "ts"]).to_pylist()
+    return [SessionWork(user_id=user_id, session_id=s["session_id"], ts=s["ts"], messages=by_session[s["session_id"]])
+            for s in sessions if s["session_id"] in by_session and s["ts"] is not None]

@@ -99,7 +99,7 @@ def test_rerun_and_backfill_are_idempotent(tmp_path: Path) -> None:
     settings = Settings(store=store.uri)
     assert consolidate(store, settings).counts.get("fragments", 0) == 0       # nothing new
     assert supersede_user(store, "dana") == {"examined": 0, "superseded": 0, "contradictions": 0,
-                                             "replaced_turns": 0, "contradicted_turns": 0}
+                                             "replaced_turns": 0, "contradicted_turns": 0, "change_fragments": 0}
     after = {f["id"]: (f["superseded_by"], f["valid_until"], f["contradicts"]) for f in _fragments(store)}
     assert after == before
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory.dates import normalize_date, to_date
 from memory.llm.rules.registry import rule
-from memory.llm.rules.statements import statement_items, vocative_forms
+from memory.llm.rules.statements import personal_statements, sentence_item, vocative_forms
 
 __all__ = ["extract_answer"]
 
@@ -28,13 +27,13 @@ def extract_answer(ctx: dict[str, Any]) -> dict[str, Any]:
         mid = str(m.get("message_id") or "")
         if not text.strip() or not mid:
             continue
-        base = to_date(m["ts"])
-        for cat, key, value, sentence in statement_items(text, speaker, vocatives):
-            if (speaker, value.lower()) in seen:
+        for sentence in personal_statements(text, vocatives):
+            item = sentence_item(sentence, speaker, m["ts"], mid)
+            if (speaker, item["content"].lower()) in seen:
                 continue
-            seen.add((speaker, value.lower()))
-            answer[_CATEGORY_FIELD[cat]].append({
-                "subject": speaker, "key": key, "value": value, "message_id": mid,
-                "date": normalize_date(sentence, base, cat),
+            seen.add((speaker, item["content"].lower()))
+            answer[_CATEGORY_FIELD[item["category"]]].append({
+                "subject": speaker, "key": item["key"], "value": item["content"], "message_id": mid,
+                "date": item["date"],
             })
     return answer

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
-from memory.llm.rules.supersede import (SUPERSEDE_VERSION, contradiction, decide, is_statement, quantities,
-                                         restates, says_never)
+from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, contradiction, decide, is_statement,
+                                         quantities, restates, says_never)
 from memory.text import split_sentences
 
-__all__ = ["History", "Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
+__all__ = ["History", "QuantityIndex", "Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
            "MAX_CONTRADICTED", "MAX_SENTENCES"]
 
 #: older turns of the fragment's subject searched for a statement extraction missed (by cosine)
@@ -33,6 +33,39 @@ MAX_TURNS = 32
 MAX_CONTRADICTED = 3
 #: sentences of one turn read for a contradiction (its opening: where a turn states its situation)
 MAX_SENTENCES = 4
+
+
+class QuantityIndex:
+    """An inverted index from a quantity's (unit, context word) to the positions holding it, so that
+    the items sharing a quantity with a statement are found without comparing all pairs. `distinct`:
+    a position counts once per key (turns: several sentences), else once per quantity (fragments)."""
+
+    def __init__(self, distinct: bool = False) -> None:
+        self.distinct = distinct
+        self._lists: dict[tuple[str, str], list[int]] = defaultdict(list)
+        self._sets: dict[tuple[str, str], set[int]] = defaultdict(set)
+
+    def add(self, pos: int, found: Iterable[Quantity]) -> None:
+        """Index the quantities `found` in the item at `pos`."""
+        for q in found:
+            for word in q.context:
+                if self.distinct:
+                    self._sets[(q.unit, word)].add(pos)
+                else:
+                    self._lists[(q.unit, word)].append(pos)
+
+    def ranked(self, found: Iterable[Quantity], unitless_as_units: bool = False, min_hits: int = 2) -> list[int]:
+        """Positions sharing at least `min_hits` keys with the quantities `found`, most shared first;
+        `unitless_as_units`: a unitless number also matches its context words as units."""
+        index: Mapping[tuple[str, str], Collection[int]] = self._sets if self.distinct else self._lists
+        hits: dict[int, int] = defaultdict(int)
+        for q in found:
+            units = {q.unit} | ({w for w in q.context} if unitless_as_units and not q.unit else set())
+            for word in q.context:
+                for unit in units:
+                    for j in index.get((unit, word), ()):
+                        hits[j] += 1
+        return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= min_hits]
 
 
 class Turns:
@@ -54,26 +87,20 @@ class Turns:
         self.history: History | None = None
         self._split: dict[int, list[str]] = {}
         self._sentences: dict[int, list[str]] = {}
-        self._qindex: dict[tuple[str, str], set[int]] | None = None
+        self._qindex: QuantityIndex | None = None
+        #: the last vector searched, with the turns' cosines and their order (`replaced` and
+        #: `contradicted` search with the same vector in turn)
+        self._near: tuple[bytes, np.ndarray, list[int]] | None = None
 
     def same_quantity(self, f: dict[str, Any]) -> list[int]:
         """Turns (positions) with a sentence sharing at least two (unit, context word) keys with a
         quantity of `f`, most shared first."""
         if self._qindex is None:
-            self._qindex = defaultdict(set)
+            self._qindex = QuantityIndex(distinct=True)
             for j in range(len(self.rows)):
                 for sentence in self.sentences(j):
-                    for q in quantities(sentence):
-                        for word in q.context:
-                            self._qindex[(q.unit, word)].add(j)
-        hits: dict[int, int] = defaultdict(int)
-        for q in quantities(str(f.get("content") or "")):
-            units = {q.unit} | ({w for w in q.context} if not q.unit else set())
-            for word in q.context:
-                for unit in units:
-                    for j in self._qindex.get((unit, word), ()):
-                        hits[j] += 1
-        return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= 2][:MAX_TURNS]
+                    self._qindex.add(j, quantities(sentence))
+        return self._qindex.ranked(quantities(str(f.get("content") or "")), unitless_as_units=True)[:MAX_TURNS]
 
     def split(self, j: int) -> list[str]:
         """Every sentence of turn j (cached: each turn is split once)."""
@@ -121,11 +148,10 @@ class Turns:
         update only the one nearest by vector (a new value replaces one older statement of it)."""
         if not self.rows or self.z.shape[1] != vec.shape[0]:
             return []
-        sims = self.z @ vec
+        sims, order = self._nearest(vec)
         subject = str(f.get("subject") or "").lower()
         own = set(f.get("source_ids") or [])
         out: list[str] = []
-        order = np.argsort(-sims).tolist()
         if verdict == "update":
             near = [j for j in order[:MESSAGE_NEIGHBOURS] if sims[j] >= MESSAGE_MIN_SIM]
             same = self.same_quantity(f)
@@ -147,6 +173,15 @@ class Turns:
                     out.append(m["message_id"])
                     break
         return out             # a new value replaces one statement, the nearest; a denial a few
+
+    def _nearest(self, vec: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Every turn's cosine to `vec` and the turns nearest first; kept for the last vector, which
+        the next search often repeats (`replaced`, then `contradicted`, of one statement)."""
+        key = vec.dtype.str.encode() + vec.tobytes()
+        if self._near is None or self._near[0] != key:
+            sims = self.z @ vec
+            self._near = (key, sims, np.argsort(-sims).tolist())
+        return self._near[1], self._near[2]
 
 
 class History:
