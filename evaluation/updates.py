@@ -27,6 +27,7 @@ import numpy as np
 
 from evaluation.beam import UpdateFirst, consolidate_scale, load_questions, scales_in
 from evaluation.common import recall_at, scratch_store
+from memory.embed import Embedder, embedder_for
 from memory.errors import ConfigError
 from memory.ingest.beam import beam_user, chat_files
 from memory.runs import open_store
@@ -97,12 +98,14 @@ def memory_sources(r: Retriever, user_id: str) -> Callable[[str], list[str]]:
     return of
 
 
-def ensure_examined(st: Store, users: Sequence[str], skip: Sequence[str] | None = None) -> dict[str, int]:
+def ensure_examined(st: Store, users: Sequence[str], skip: Sequence[str] | None = None,
+                    embedder: Embedder | None = None) -> dict[str, int]:
     """Run the supersede decisions on fragments never examined (an older store, or one decided by an
-    older rules version); totals. `skip`: the assistants' speaker names (their turns are not searched)."""
+    older rules version), with change fragments when given the store's `embedder`; totals. `skip`:
+    the assistants' speaker names (their turns are not searched)."""
     total: dict[str, int] = {}
     for u in users:
-        for key, n in supersede_user(st, u, skip).items():
+        for key, n in supersede_user(st, u, skip, embedder).items():
             total[key] = total.get(key, 0) + n
     return total
 
@@ -165,7 +168,7 @@ def run_scale(root: Path, scale: str, store_dir: str, cfg: Settings) -> dict[str
         if st.has_table("watermarks") else set()
     if not all(u in done for u in users):
         consolidate_scale(st, [c for c in chats if beam_user(c) not in done], cfg, 1)
-    examined = ensure_examined(st, users, cfg.retrieval.assistant_speakers)
+    examined = ensure_examined(st, users, cfg.retrieval.assistant_speakers, embedder_for(cfg))
     prep_s = time.perf_counter() - t0
     questions: list[dict[str, Any]] = []
     sides: list[tuple[str, str, set[str], set[str]]] = []

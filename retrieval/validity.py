@@ -53,15 +53,23 @@ PULL_DEPTH = 0.5
 MAX_SHOWN_CONTRADICTIONS = 3
 _COLUMNS = ["id", "source_ids"] + VALIDITY_COLUMNS
 #: a query about what was said before a change ("what did I say at the start?", "originally", "used to")
-_HISTORY_RE = re.compile(r"\b(?:at\s+the\s+(?:start|beginning|outset)|initially|originally|at\s+first|used\s+to|"
-                         r"first\s+(?:say|said|mention(?:ed)?|tell|told|plan(?:ned)?|set|state(?:d)?))\b",
-                         re.IGNORECASE)
+_HISTORY_RE = re.compile(
+    r"\b(?:at\s+the\s+(?:start|beginning|outset)(?!\s+of\s+(?:each|every|the\s+(?:day|week|month|year)))|"
+    r"at\s+first(?!\s+(?:light|sight|glance))|initially|original(?:ly)?|used\s+to|did\s+\w+\s+use\s+to|"
+    r"before\s+I\s+(?:changed|updated|switched|moved|raised|lowered|adjusted|revised)|"
+    r"first\s+(?:say|said|mention(?:ed)?|tell|told|plan(?:ned)?|set|state(?:d)?))\b", re.IGNORECASE)
+#: "used to" as "employed for" ("which library have I used to parse ..."), not "formerly"
+_USED_FOR_RE = re.compile(r"\b(?:have|has|had|was|were|is|are|be|been|being)\s+(?:\w+\s+)?used\s+to\s*$",
+                          re.IGNORECASE)
 
 
 def asks_history(text: str | None) -> bool:
     """Does the query ask what held before a change ("... at the start?", "originally", "used to")?
     Then the replaced memory is the answer: no newer version is put above it (`order_current`)."""
-    return bool(text and _HISTORY_RE.search(text))
+    for m in _HISTORY_RE.finditer(text or ""):
+        if not (m.group(0).lower().startswith("used") and _USED_FOR_RE.search((text or "")[:m.end()])):
+            return True
+    return False
 
 
 @dataclass

@@ -116,6 +116,18 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         qindex.add(i, found)
     changed: dict[str, dict[str, Any]] = {}
     history = History(frags, turns)
+    would: dict[str, list[dict[str, Any]]] = {}      # turns a fragment would replace, searched once
+
+    def earlier(f: dict[str, Any]) -> list[dict[str, Any]]:
+        """What `f` replaced: its history, or (not decided yet: a newer fragment is judged in the
+        older one's turn) the statements of the older turns it would replace."""
+        found = history.of_fragment(f)
+        if found or f.get("replaces_sources") or turns is None:
+            return found
+        if f["id"] not in would:
+            i = pos[f["id"]]
+            would[f["id"]] = [s for mid in turns.replaced(f, z[i], times[i]) for s in turns.statements(mid)]
+        return would[f["id"]]
     order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
     for i in order:
         f = frags[i]
@@ -134,8 +146,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
                 continue                                # history: only current fragments change
             newer, older = (f, c) if times[j] <= times[i] else (c, f)
             verdict = decide(newer, older, sim)
-            if verdict == "update" and restates(newer, older, _earlier(history, older, z[pos[older["id"]]],
-                                                                       times[pos[older["id"]]])):
+            if verdict == "update" and restates(newer, older, earlier(older)):
                 continue                                # gives back what `older` replaced
             if verdict == "update":
                 updated = updated or newer is f
@@ -153,15 +164,6 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
             if against:
                 f["contradicts_sources"] = against
     return changed
-
-
-def _earlier(history: History, f: dict[str, Any], vec: np.ndarray, since: str) -> list[dict[str, Any]]:
-    """What `f` replaced: its history, or (not decided yet: a newer fragment is judged in the older
-    one's turn) the statements of the older turns it would replace."""
-    found = history.of_fragment(f)
-    if found or f.get("replaces_sources") or history.turns is None:
-        return found
-    return [s for mid in history.turns.replaced(f, vec, since) for s in history.turns.statements(mid)]
 
 
 def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = (),

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from memory.embed import Embedder
-from memory.llm.rules.supersede import changed, decide, restates
+from memory.llm.rules.supersede import changed, decide, quantities, restates
 from memory.llm.rules.turns import History, Turns
 from memory.stages.supersede import plan
 
@@ -30,6 +30,34 @@ def test_a_measurement_under_another_condition_is_another_fact() -> None:
     plan_more = _f("user is now planning the login API capacity for 300 concurrent users", "m5")
     plan_less = _f("user is planning the login API capacity for 100 concurrent users", "m4")
     assert decide(plan_more, plan_less, 0.7) == "update"   # a condition alone that changes is a change
+
+
+def test_only_under_and_across_mark_a_condition() -> None:
+    """A second number after "with" or "for" is part of the update, not its condition; under another
+    condition a measurement is another fact, whether it says it changed or keeps its value."""
+    pairs = [("user now solves 12 problems a day with 90% accuracy in the geometry set",
+              "user solves 15 problems a day with 95% accuracy in the geometry set"),
+             ("user's wedding budget is now $30,000 with 150 guests at the lake venue",
+              "user's wedding budget is $20,000 with 100 guests at the lake venue"),
+             ("user now runs 8 km a day for 6 weeks of marathon training",
+              "user runs 5 km a day for 3 weeks of marathon training")]
+    for new, old in pairs:
+        assert decide(_f(new, "m2"), _f(old, "m1"), 0.8) == "update", new
+    before = _f("user's login API response time is 180ms under 20 concurrent requests", "m1")
+    cued = _f("user's login API response time has dropped to 150ms under 300 concurrent requests", "m2")
+    same = _f("user's login API response time is 180ms under 300 concurrent requests", "m3")
+    assert decide(cued, before, 0.8) is None
+    assert decide(same, before, 0.8) is None
+
+
+def test_a_range_or_a_bound_is_no_change_cue() -> None:
+    club = _f("user's movie club meets on Fridays from 7 to 9 PM at the old cinema downtown", "m2")
+    older = _f("user's movie club meets on Fridays at 8 PM at the old cinema downtown", "m1")
+    assert decide(club, older, 0.8) is None
+    guests = _f("user set up the spare room for guests staying from May 2 to May 6 this spring", "m2")
+    assert decide(guests, _f("user's guests are staying in the spare room until May 4 this spring", "m1"),
+                  0.8) is None
+    assert not any(q.cued for q in quantities("user joined a reading challenge of up to 40 books this year"))
 
 
 def test_a_change_verb_reaches_its_value_through_to() -> None:
@@ -57,6 +85,16 @@ def test_giving_back_a_replaced_value_restates_it() -> None:
     assert not restates(back, update, [first])             # saying so makes it a real change
     assert not restates(_f("user has raised the limiter to allow 150 requests per minute for the API", "m5"),
                         update, [first])
+
+
+def test_a_revert_said_at_the_number_is_a_change() -> None:
+    first = _f("user set the API rate limit to 100 requests per minute for the public endpoints", "m1")
+    raised = _f("user has raised the API rate limit to 120 requests per minute for the public endpoints", "m2")
+    for said in ("user has lowered the API rate limit to 100 requests per minute for the public endpoints",
+                 "user's API rate limit is now 100 requests per minute for the public endpoints"):
+        assert not restates(_f(said, "m3"), raised, [first]), said
+    rerun = _f("user ran the load test again and the API rate limit of 100 requests per minute still fails", "m4")
+    assert restates(rerun, raised, [first])                # "again" is no revert
 
 
 def _frag(fid: str, mid: str, day: int, content: str, vec: Any) -> dict[str, Any]:

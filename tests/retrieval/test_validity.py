@@ -15,7 +15,7 @@ from memory.settings import RetrievalSettings
 from memory.store import Store
 from retrieval.context import build_context
 from retrieval.retriever import Retriever
-from retrieval.validity import order_current
+from retrieval.validity import asks_history, order_current
 from tests.helpers import store_embedded
 
 USER = "erin"
@@ -180,3 +180,13 @@ def test_a_query_about_what_held_before_keeps_the_replaced_value(validity_store:
     assert before.ids[0] in ("f0", "msg-m0") and before.signals["validity"]["current_pulled"] == 0
     now = r.retrieve(USER, "What monthly rent do I pay for the flat on Elm Street?", k=2, strategy="familiarity")
     assert _rank(now.ids, "f3") < _rank(now.ids, "f0")
+
+
+def test_asks_history_reads_the_question() -> None:
+    for q in ("How many entries did I say my dataset includes at the start?", "What was my original deadline?",
+              "What did I first say about my rent?", "What did I use to do on weekends?",
+              "What was the limit before I changed it?"):
+        assert asks_history(q), q
+    for q in ("Which library have I used to parse the dates?", "What do I do at the start of each workday?",
+              "How much do I pay at the beginning of every month?", "What is my rent now?", None):
+        assert not asks_history(q), q

@@ -19,18 +19,21 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   cue among the `CUE_WORDS` words before it (``rescheduled to March 22 at 4:30 PM``, ``the new April
   25 deadline``, ``has increased to 7``), or a change verb whose object runs up to a ``to`` right
   before the value, however long (``adjust the deadline for my Instagram automation prototype to
-  April 5``); a number with a unit (``52 sources``) needs none. A number right after ``under``,
-  ``with``, ``for`` or ``across`` is a measurement's *condition*: when both fragments state one of
-  the same quantity with different values, the measurements they condition are two facts, not an
-  update (``120ms under 20 concurrent requests`` / ``210ms under 300 concurrent requests``); a
-  condition alone that changes is an update (``planning for 300 users`` after 100). Years,
-  version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``) and ratios (``8/10``, ``2:1``) are not
-  quantities.
+  April 5``; not the ``to`` of a range or a bound: ``from 7 to 9 PM``, ``up to 40``); a number with
+  a unit (``52 sources``) needs none. A number right after ``under`` or ``across`` is a
+  measurement's *condition*: when both fragments state one of the same quantity with different
+  values, the measurements they condition are two facts, not an update, changed or not (``120ms
+  under 20 concurrent requests`` / ``dropped to 210ms under 300 concurrent requests``; ``120ms``
+  under both loads alike); a condition alone that changes is an update.
+  Years, version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``) and ratios (``8/10``, ``2:1``)
+  are not quantities.
 * **restatements** — a newer fragment whose changed values are exactly those the older one
   replaced (the history: the fragments the older one closed, the turns it names in
   ``replaces_sources``) restates the old state and does not replace the current value (``100
   requests/minute`` again after ``100`` → ``120``), unless it says the value went back (``back to``,
-  ``again``, ``reverted``). The callers ask `restates` with that history (`turns.History`).
+  ``reverted``) or says right at the number that it is new (a change cue among the `STATED_WORDS`
+  words before it, or a change verb's ``to``: ``is now 100``, ``lowered the limit to 100``). The
+  callers ask `restates` with that history (`turns.History`).
 * **named values** — under the same key (or a text cosine of at least `NAMED_SIM`), a newer fragment
   with a change cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a
   capitalized value the older one does not name (within `CUE_WORDS` words after the cue), while
@@ -57,9 +60,8 @@ from typing import Any, Iterable
 
 from memory.text import content_tokens, is_content
 
-__all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction", "same_key", "is_statement",
-           "says_never", "WINDOW", "CUE_WORDS",
-           "MIN_SHARED"]
+__all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
+           "same_key", "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED"]
 
 SUPERSEDE_VERSION = "rules-supersede-v5"
 #: content words on each side of a number that make up its context
@@ -87,16 +89,22 @@ _CHANGE_RE = re.compile(r"\b(?:now|no\s+longer|anymore|switched|switching|change
                         # the verbs of a change under way: "trying to adjust the deadline to April 5"
                         r"adjust(?:ing)?|chang(?:e|ing)|mov(?:e|ing)|reschedul(?:e|ing)|postpon(?:e|ing)|"
                         r"extend(?:ing)?|switch(?:ing)?|updating|shift(?:ing)?)\b", re.IGNORECASE)
+_CHANGE_VERBS = (r"adjust(?:s|ed|ing)?|chang(?:e|es|ed|ing)|mov(?:e|es|ed|ing)|reschedul(?:e|es|ed|ing)|"
+                 r"postpon(?:e|es|ed|ing)|extend(?:s|ed|ing)?|switch(?:es|ed|ing)?|shift(?:s|ed|ing)?|"
+                 r"updat(?:e|es|ed|ing)|increas(?:e|es|ed|ing)|decreas(?:e|es|ed|ing)|rais(?:e|es|ed|ing)|"
+                 r"lower(?:s|ed|ing)?|reduc(?:e|es|ed|ing)|push(?:es|ed|ing)?|bump(?:s|ed|ing)?")
 #: a change verb whose object runs up to "to" right before the value, the cue however far back in its
 #: clause: "adjust the deadline for my Instagram automation prototype to April 5"
-_CHANGE_TO_RE = re.compile(r"\b(?:adjust|chang|mov|reschedul|postpon|extend|switch|shift|updat|increas|decreas|"
-                           r"rais|lower|reduc|push|bump|set)\w*\b[^.,;:!?]{0,80}\bto\s*$", re.IGNORECASE)
+_CHANGE_TO_RE = re.compile(rf"\b(?:{_CHANGE_VERBS})\b[^.,;:!?]{{0,80}}\bto\s*$", re.IGNORECASE)
+#: a "to" that closes a range or a bound, not a change: "from 7 to 9 PM", "from May 2 to May 6", "up to 40"
+_RANGE_TO_RE = re.compile(r"(?:\bfrom\s+\S+(?:\s+\S+)?|\bup)\s+to\s*$", re.IGNORECASE)
 #: words saying a value goes back to an earlier one: a restatement of it is then a real change
-_REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|again|revert(?:ed|ing)?|returned\s+to|restored?)\b",
-                        re.IGNORECASE)
+_REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|revert(?:s|ed|ing)?|returned\s+to|restored?)\b", re.IGNORECASE)
+#: words right before a number (`STATED_WORDS`) that say it is a new value: "is now 100", "lowered it to 100"
+STATED_WORDS = 3
 #: a preposition right before a number that makes it the condition of a measurement ("180ms under
-#: 20 concurrent requests", "with 50 items"): two measurements under different conditions are two facts
-_CONDITIONS = frozenset({"under", "with", "for", "across"})
+#: 20 concurrent requests"): two measurements under different conditions are two facts
+_CONDITIONS = frozenset({"under", "across"})
 _MONTHS = {m: i + 1 for i, ms in enumerate(("january jan", "february feb", "march mar", "april apr", "may",
                                              "june jun", "july jul", "august aug", "september sep sept",
                                              "october oct", "november nov", "december dec"))
@@ -146,6 +154,8 @@ class Quantity:
     per: str = ""
     #: the number is a measurement's condition (`_CONDITIONS`: "under 20 concurrent requests")
     condition: bool = False
+    #: the statement says right at the number that it is a new value ("is now 100", "lowered it to 100")
+    stated: bool = False
 
     @property
     def needs_cue(self) -> bool:
@@ -167,15 +177,18 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
     before = [_stem(w) for w in content_tokens(text[:start], exclude)][-WINDOW:]
     after = [_stem(w) for w in content_tokens(text[end:], exclude)][:WINDOW // 2]
     named = [unit] if unit and unit not in _UNIT_ALIASES.values() and unit not in ("date", "time", "$") else []
-    cued = bool(_CHANGE_RE.search(" ".join(text[:start].split()[-CUE_WORDS:])) or _CHANGE_TO_RE.search(text[:start]))
-    last = text[:start].split()[-1:]
+    prefix = text[:start]
+    to_cued = bool(_CHANGE_TO_RE.search(prefix)) and not _RANGE_TO_RE.search(prefix)
+    cued = bool(_CHANGE_RE.search(" ".join(prefix.split()[-CUE_WORDS:]))) or to_cued
+    stated = to_cued or bool(_CHANGE_RE.search(" ".join(prefix.split()[-STATED_WORDS:])))
+    last = prefix.split()[-1:]
     condition = bool(last) and last[0].lower() in _CONDITIONS and unit not in ("date", "time")
     rate = _PER_RE.match(text, end)
     per = rate.group(1).lower() if rate else next(
         (_PERIODS[w] for w in text[:start].lower().split()[-WINDOW:] + text[end:].lower().split()[:2]
          if w in _PERIODS), "")
     return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per,
-                    condition=condition)
+                    condition=condition, stated=stated)
 
 
 @lru_cache(maxsize=65536)
@@ -239,10 +252,10 @@ def quantity_change(newer: dict[str, Any], older: dict[str, Any]) -> bool:
 
 
 def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
-    """The quantities of `newer` that give a quantity of `older` another value; none when a
-    measurement changes under another condition (a number right after `_CONDITIONS` in both, same
-    unit and context, different values: "120ms under 20 requests" / "210ms under 300 users" are two
-    facts). A condition alone that changes is an update ("planning for 300 users" after 100)."""
+    """The quantities of `newer` that give a quantity of `older` another value. None when the
+    condition changes (a number right after `_CONDITIONS` in both, same unit and context, different
+    values) and a measurement is stated too, changed or not: "210ms under 300 concurrent requests"
+    after "120ms under 20 concurrent requests" is another fact, not an update."""
     exclude = _names(str(newer.get("subject") or ""))
     new_q, old_q = quantities(_text(newer), exclude), quantities(_text(older), exclude)
     if not new_q or not old_q:
@@ -251,11 +264,14 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
     same_period = any(kind == "date" and (kind, v) in old_values for kind, v in new_values)
     out: list[Quantity] = []
     conditions: list[Quantity] = []
+    kept = False                                       # a measurement both state with one value
     for nq in new_q:
         scope = 1 if same_period and _kind(nq) != "date" else 0     # a date both state: one shared word
         for oq in old_q:
             if not _same_unit(nq, oq) or len(nq.context & oq.context) + scope < MIN_SHARED:
                 continue
+            if nq.value == oq.value and not (nq.condition or oq.condition):
+                kept = True
             if (_kind(nq), nq.value) in old_values or (_kind(oq), oq.value) in new_values:
                 continue
             if nq.needs_cue and not nq.cued:
@@ -263,15 +279,18 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
             found = conditions if nq.condition and oq.condition else out
             if nq not in found:
                 found.append(nq)
-    return [] if out and conditions else out or conditions
+    if conditions and (out or kept):
+        return []
+    return out or conditions
 
 
 def restates(newer: dict[str, Any], older: dict[str, Any], earlier: Iterable[dict[str, Any]]) -> bool:
     """`newer` gives back, unchanged, the values that `older` replaced in `earlier` (the statements
     `older` superseded): it restates the old state ("12 problems, 70% to 90%" again after "15
-    problems") and does not replace `older`, unless it says the value went back (`_REVERT_RE`)."""
+    problems") and does not replace `older`, unless it says the value went back (`_REVERT_RE`) or
+    that it is new right at the number (`Quantity.stated`: "is now 100", "lowered it to 100")."""
     drivers = changed(newer, older)
-    if not drivers or _REVERT_RE.search(str(newer.get("content") or "")):
+    if not drivers or _REVERT_RE.search(str(newer.get("content") or "")) or any(d.stated for d in drivers):
         return False
     exclude = _names(str(newer.get("subject") or ""))
     past = [q for e in earlier for q in quantities(_text(e), exclude)]

@@ -168,10 +168,12 @@ class Turns:
                 continue
             for sentence in sentences(j):
                 old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
-                if decide(f, old, float(sims[j])) == verdict and not (
-                        verdict == "update" and self.history and restates(f, old, self.history.of_turn(m))):
-                    out.append(m["message_id"])
-                    break
+                if decide(f, old, float(sims[j])) != verdict:
+                    continue
+                if verdict == "update" and self.history and restates(f, old, self.history.of_turn(m)):
+                    return out       # the nearest holder of the value is restated: nothing farther replaced
+                out.append(m["message_id"])
+                break
         return out             # a new value replaces one statement, the nearest; a denial a few
 
     def _nearest(self, vec: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -243,7 +245,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
     for f in frags:
         for sid in f.get("source_ids") or []:
             carriers[sid].append(f)
-    history = turns.history or History(frags, turns)
+    history = History(frags, turns)          # fresh: sees every link made so far on these fragments
     changed: dict[str, dict[str, Any]] = {}
 
     def add(f: dict[str, Any], field: str, ids: list[str]) -> None:
