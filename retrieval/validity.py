@@ -55,7 +55,7 @@ _COLUMNS = ["id", "source_ids"] + VALIDITY_COLUMNS
 #: a query about what was said before a change ("what did I say at the start?", "originally", "used to")
 _HISTORY_RE = re.compile(
     r"\b(?:at\s+the\s+(?:start|beginning|outset)(?!\s+of\s+(?:each|every|the\s+(?:day|week|month|year)))|"
-    r"at\s+first(?!\s+(?:light|sight|glance))|initially|original(?:ly)?|used\s+to|did\s+\w+\s+use\s+to|"
+    r"at\s+first(?!\s+(?:light|sight|glance))|initially|original(?:ly)?|used\s+to|"
     r"before\s+I\s+(?:changed|updated|switched|moved|raised|lowered|adjusted|revised)|"
     r"first\s+(?:say|said|mention(?:ed)?|tell|told|plan(?:ned)?|set|state(?:d)?))\b", re.IGNORECASE)
 #: "used to" as "employed for" ("which library have I used to parse ..."), not "formerly"

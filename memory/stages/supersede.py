@@ -22,8 +22,8 @@ row, nothing could say the older turn is out of date or denied.
 
 `supersede_user` runs the same decisions on an already consolidated store for one user (fragments
 never examined, `supersede_version` null, or decided by an older rules version), writing the
-changed rows: idempotent. Given an embedder it also makes the change fragments, for every stored
-turn (the stage leaves a stored session's turn without one), from the stored messages and sessions.
+changed rows: idempotent. Given an embedder it also makes the change fragments of what it decides
+(the stage leaves a stored session's turn without one), from the stored messages and sessions.
 """
 from __future__ import annotations
 

@@ -184,9 +184,10 @@ def test_a_query_about_what_held_before_keeps_the_replaced_value(validity_store:
 
 def test_asks_history_reads_the_question() -> None:
     for q in ("How many entries did I say my dataset includes at the start?", "What was my original deadline?",
-              "What did I first say about my rent?", "What did I use to do on weekends?",
+              "What did I first say about my rent?", "What sport did I used to play?",
               "What was the limit before I changed it?"):
         assert asks_history(q), q
     for q in ("Which library have I used to parse the dates?", "What do I do at the start of each workday?",
-              "How much do I pay at the beginning of every month?", "What is my rent now?", None):
+              "How much do I pay at the beginning of every month?", "What is my rent now?",
+              "What framework did you use to build it?", None):
         assert not asks_history(q), q
