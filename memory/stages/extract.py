@@ -13,7 +13,6 @@ from typing import Any
 
 from memory import prompts
 from memory.dates import normalize_date
-from memory.ids import make_id
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
 from memory.settings import Settings

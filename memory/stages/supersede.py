@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from memory.embed import Embedder
 from memory.llm.rules.statements import sentence_item
-from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities, restates
+from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities
 from memory.llm.rules.turns import History, QuantityIndex, Turns, Unheld, plan_turns
 from memory.settings import RetrievalSettings
 from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows, fragment_row, has_stored,
@@ -126,7 +126,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
             return found
         if f["id"] not in would:
             i = pos[f["id"]]
-            would[f["id"]] = [s for mid in turns.replaced(f, z[i], times[i]) for s in turns.statements(mid)]
+            would[f["id"]] = [s for mid in turns.replaced(f, z[i], times[i], history) for s in turns.statements(mid)]
         return would[f["id"]]
     order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
     for i in order:
@@ -145,9 +145,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
             if c.get("superseded_by") or not statement[j]:
                 continue                                # history: only current fragments change
             newer, older = (f, c) if times[j] <= times[i] else (c, f)
-            verdict = decide(newer, older, sim)
-            if verdict == "update" and restates(newer, older, earlier(older)):
-                continue                                # gives back what `older` replaced
+            verdict = decide(newer, older, sim, lambda: earlier(older))   # "restatement": nothing changes
             if verdict == "update":
                 updated = updated or newer is f
                 history.close(older, newer["id"], when(newer, message_ts), version)
@@ -156,7 +154,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
                 newer["contradicts"] = older["id"]
                 changed[newer["id"]] = newer
         if turns is not None and not updated and not f.get("superseded_by"):
-            turned = turns.replaced(f, z[i], times[i])
+            turned = turns.replaced(f, z[i], times[i], history)
             if turned:
                 f["replaces_sources"] = turned
         if turns is not None:
@@ -173,7 +171,7 @@ def _turns(store: Store, user: str, extra: Iterable[dict[str, Any]] = (),
     False only the times are read (LLM backends decide without the turns)."""
     rows: dict[str, dict[str, Any]] = {}
     if store.has_table("messages"):
-        cols = ["id", "message_id", "speaker", "text", "ts", "vector"] if vectors else ["message_id", "ts"]
+        cols = ["id", "message_id", "session_id", "speaker", "text", "ts", "vector"] if vectors else ["message_id", "ts"]
         rows = {m["message_id"]: m for m in store.read("messages", user, columns=cols).to_pylist()}
     for m in extra:
         if m.get("ts") is not None:
@@ -267,7 +265,7 @@ def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None
     changed = plan(frags, todo, message_ts, turns=turns)
     unheld: list[Unheld] = []
     changed.update(plan_turns(frags, [m["message_id"] for m in turns.rows], turns, unheld=unheld))
-    made = change_fragments(unheld, _sessions_of(store, user_id, {u[0] for u in unheld}), embedder, run_id) \
+    made = change_fragments(unheld, _sessions_of(store, user_id, turns, {u[0] for u in unheld}), embedder, run_id) \
         if embedder is not None and unheld else []
     rows = list(changed.values()) + made
     for r in rows:
@@ -281,14 +279,15 @@ def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None
             "change_fragments": len(made)}
 
 
-def _sessions_of(store: Store, user_id: str, mids: set[str]) -> list[SessionWork]:
-    """The stored sessions holding the messages `mids`, each with those messages (what
-    `change_fragments` reads of a shard's sessions)."""
-    if not mids or not store.has_table("messages") or not store.has_table("sessions"):
+def _sessions_of(store: Store, user_id: str, turns: Turns, mids: set[str]) -> list[SessionWork]:
+    """The stored sessions holding the turns `mids` (already read into `turns`), each with those
+    turns (what `change_fragments` reads of a shard's sessions)."""
+    if not mids or not store.has_table("sessions"):
         return []
     by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for m in store.read("messages", user_id, columns=["message_id", "session_id", "speaker", "ts"]).to_pylist():
-        if m["message_id"] in mids:
+    for mid in mids:
+        if mid in turns.at:
+            m = turns.rows[turns.at[mid]]
             by_session[m["session_id"]].append(m)
     sessions = store.read("sessions", user_id, columns=["session_id", "ts"]).to_pylist()
     return [SessionWork(user_id=user_id, session_id=s["session_id"], ts=s["ts"], messages=by_session[s["session_id"]])

@@ -138,8 +138,8 @@ def test_a_restatement_does_not_replace_a_turn(embedder: Embedder) -> None:
     new = _f(said, "m9")
     vec = embedder.embed([said])[0]
     assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == ["m2"]     # no history: an update
-    History([holder], turns)
-    assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00") == []
+    history = History([holder], turns)
+    assert turns.replaced(new, vec, "2024-04-10T00:00:00+00:00", history) == []
 
 
 def test_a_restatement_of_a_replaced_turn_in_the_same_run(embedder: Embedder) -> None:

@@ -33,11 +33,11 @@ from memory.llm.rules.extract import extract_answer
 from memory.llm.rules.reason import reason_answer
 from memory.llm.rules.topics import topic_merge_answer, topic_segments, topics_answer
 from memory.llm.rules.summarize import central_order, profile_answer, summarize_answer
-from memory.llm.rules.statements import personal_statements, statement_items, vocative_forms
+from memory.llm.rules.statements import personal_statements, vocative_forms
 from memory.llm.rules.backend import RulesBackend
 from memory.text import categorize, key_phrase, split_sentences, third_person
 
 __all__ = ["RulesBackend", "TASKS", "Task", "rule", "extract_answer", "reason_answer", "topic_segments",
            "topics_answer", "topic_merge_answer", "central_order", "summarize_answer", "profile_answer",
-           "statement_items", "personal_statements", "vocative_forms",
+           "personal_statements", "vocative_forms",
            "categorize", "key_phrase", "third_person", "split_sentences"]

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from datetime import date, datetime
 from typing import Any
 
-from memory.dates import normalize_date, to_date
+from memory.dates import normalize_date
 from memory.text import (CAPITALIZED_RE, NOT_ENTITY, TOKEN_RE, categorize, is_content, key_phrase, split_sentences,
                          third_person)
 
-__all__ = ["vocative_forms", "personal_statements", "statement_items", "sentence_item"]
+__all__ = ["vocative_forms", "personal_statements", "sentence_item"]
 
 _FIRST_PERSON_COUNT_RE = re.compile(r"\b(?:i|i'm|i've|i'll|i'd|me|my|mine|myself)\b")     # lower-cased text
 _INTERJECTION_RE = re.compile(
@@ -123,16 +123,10 @@ def personal_statements(text: str, vocatives: set[str]) -> Iterator[str]:
         yield s
 
 
-def statement_items(text: str, speaker: str, vocatives: set[str]) -> list[tuple[str, str, str, str]]:
-    """(category, key, value, cleaned sentence) for each personal statement in one message."""
-    return [(categorize(s), key_phrase(s, speaker), third_person(s, speaker), s)
-            for s in personal_statements(text, vocatives)]
-
-
 def sentence_item(sentence: str, speaker: str, said: datetime | date | str, message_id: str) -> dict[str, Any]:
     """The fragment item (subject, category, key, content, source_ids, date) one sentence of `speaker`
     makes, worded by the rules: extraction's statements and the supersede stage's change fragments."""
     category = categorize(sentence)
     return {"subject": speaker, "category": category, "key": key_phrase(sentence, speaker),
             "content": third_person(sentence, speaker), "source_ids": [message_id],
-            "date": normalize_date(sentence, to_date(said), category)}
+            "date": normalize_date(sentence, said, category)}

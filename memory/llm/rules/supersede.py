@@ -56,7 +56,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from memory.text import content_tokens, is_content
 
@@ -246,11 +246,6 @@ def _text(f: dict[str, Any]) -> str:
     return f"{f.get('key') or ''}: {f.get('content') or ''}"
 
 
-def quantity_change(newer: dict[str, Any], older: dict[str, Any]) -> bool:
-    """The newer fragment gives another value to a quantity of the older one (see the module doc)."""
-    return bool(changed(newer, older))
-
-
 def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
     """The quantities of `newer` that give a quantity of `older` another value. None when the
     condition changes (a number right after `_CONDITIONS` in both, same unit and context, different
@@ -289,7 +284,11 @@ def restates(newer: dict[str, Any], older: dict[str, Any], earlier: Iterable[dic
     `older` superseded): it restates the old state ("12 problems, 70% to 90%" again after "15
     problems") and does not replace `older`, unless it says the value went back (`_REVERT_RE`) or
     that it is new right at the number (`Quantity.stated`: "is now 100", "lowered it to 100")."""
-    drivers = changed(newer, older)
+    return _gives_back(newer, changed(newer, older), earlier)
+
+
+def _gives_back(newer: dict[str, Any], drivers: list[Quantity], earlier: Iterable[dict[str, Any]]) -> bool:
+    """`restates` once the changed quantities (`drivers`) are known."""
     if not drivers or _REVERT_RE.search(str(newer.get("content") or "")) or any(d.stated for d in drivers):
         return False
     exclude = _names(str(newer.get("subject") or ""))
@@ -395,11 +394,12 @@ def says_never(f: dict[str, Any]) -> bool:
     return bool(_NEVER_RE.search(str(f.get("content") or "")))
 
 
-def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> str | None:
+def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float,
+           earlier: Callable[[], Iterable[dict[str, Any]]] | None = None) -> str | None:
     """"update" when `newer` replaces `older`, "contradiction" when it contradicts it without
-    replacing it, None otherwise. Both are fragment dicts (subject, key, content, date). Whether
-    an update only restates what `older` replaced is the caller's to ask (`restates`): it needs
-    the history."""
+    replacing it, "restatement" when its changed values are those `older` replaced (`earlier`:
+    the statements it replaced, asked for only then; see `restates`), None otherwise. Both are
+    fragment dicts (subject, key, content, date)."""
     if str(newer.get("subject") or "").lower() != str(older.get("subject") or "").lower():
         return None
     if not (is_statement(newer) and is_statement(older)):
@@ -410,6 +410,9 @@ def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> s
         return None
     if contradiction(newer, older):
         return "contradiction"
-    if quantity_change(newer, older) or named_change(newer, older, similarity):
+    drivers = changed(newer, older)
+    if drivers and earlier is not None and _gives_back(newer, drivers, earlier()):
+        return "restatement"
+    if drivers or named_change(newer, older, similarity):
         return "update"
     return None

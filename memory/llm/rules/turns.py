@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, contradiction, decide, is_statement,
-                                         quantities, restates, says_never)
+                                         quantities, says_never)
 from memory.text import split_sentences
 
 __all__ = ["History", "QuantityIndex", "Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
@@ -35,6 +35,11 @@ MAX_CONTRADICTED = 3
 MAX_SENTENCES = 4
 
 
+def said(subject: Any, sentence: str, message_id: str) -> dict[str, Any]:
+    """One sentence of a turn as the fragment-like dict the rules compare."""
+    return {"subject": subject, "key": "", "content": sentence, "source_ids": [message_id]}
+
+
 class QuantityIndex:
     """An inverted index from a quantity's (unit, context word) to the positions holding it, so that
     the items sharing a quantity with a statement are found without comparing all pairs. `distinct`:
@@ -42,22 +47,19 @@ class QuantityIndex:
 
     def __init__(self, distinct: bool = False) -> None:
         self.distinct = distinct
-        self._lists: dict[tuple[str, str], list[int]] = defaultdict(list)
-        self._sets: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self._index: dict[tuple[str, str], Any] = defaultdict(set if distinct else list)
 
     def add(self, pos: int, found: Iterable[Quantity]) -> None:
         """Index the quantities `found` in the item at `pos`."""
         for q in found:
             for word in q.context:
-                if self.distinct:
-                    self._sets[(q.unit, word)].add(pos)
-                else:
-                    self._lists[(q.unit, word)].append(pos)
+                held = self._index[(q.unit, word)]
+                held.add(pos) if self.distinct else held.append(pos)
 
-    def ranked(self, found: Iterable[Quantity], unitless_as_units: bool = False, min_hits: int = 2) -> list[int]:
-        """Positions sharing at least `min_hits` keys with the quantities `found`, most shared first;
+    def ranked(self, found: Iterable[Quantity], unitless_as_units: bool = False) -> list[int]:
+        """Positions sharing at least two keys with the quantities `found`, most shared first;
         `unitless_as_units`: a unitless number also matches its context words as units."""
-        index: Mapping[tuple[str, str], Collection[int]] = self._sets if self.distinct else self._lists
+        index = self._index
         hits: dict[int, int] = defaultdict(int)
         for q in found:
             units = {q.unit} | ({w for w in q.context} if unitless_as_units and not q.unit else set())
@@ -65,7 +67,7 @@ class QuantityIndex:
                 for unit in units:
                     for j in index.get((unit, word), ()):
                         hits[j] += 1
-        return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= min_hits]
+        return [j for j, n in sorted(hits.items(), key=lambda kv: -kv[1]) if n >= 2]
 
 
 class Turns:
@@ -83,8 +85,6 @@ class Turns:
         self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
             np.zeros((0, 1), dtype=np.float32)
         self.at = {m["message_id"]: j for j, m in enumerate(rows)}
-        #: what each fragment and turn replaced, set by the planner (`History`): restatements are no update
-        self.history: History | None = None
         self._split: dict[int, list[str]] = {}
         self._sentences: dict[int, list[str]] = {}
         self._qindex: QuantityIndex | None = None
@@ -120,19 +120,19 @@ class Turns:
         j = self.at.get(mid)
         if j is None:
             return []
-        m = self.rows[j]
-        return [{"subject": m.get("speaker"), "key": "", "content": s, "source_ids": [mid]} for s in self.sentences(j)]
+        return [said(self.rows[j].get("speaker"), s, mid) for s in self.sentences(j)]
 
     def openings(self, j: int) -> list[str]:
         """The first `MAX_SENTENCES` sentences of turn j, where a turn states its situation."""
         return self.split(j)[:MAX_SENTENCES]
 
-    def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
+    def replaced(self, f: dict[str, Any], vec: np.ndarray, since: str, history: History | None = None) -> list[str]:
         """Message ids of older turns of `f`'s subject with a quantity `f` gives a new value; only
-        for a statement that gives a quantity a new value (`decide`): no fragment backs the turn."""
+        for a statement that gives a quantity a new value (`decide`): no fragment backs the turn.
+        With `history`, a turn whose replaced value `f` gives back stops the search (`restates`)."""
         if not is_statement(f) or not quantities(str(f.get("content") or "")):
             return []                       # `decide` asks a change cue of unitless numbers and dates
-        return self._older_turns(f, vec, since, "update", self.sentences)
+        return self._older_turns(f, vec, since, "update", self.sentences, history)
 
     def contradicted(self, f: dict[str, Any], vec: np.ndarray, since: str) -> list[str]:
         """Message ids of older turns of `f`'s subject with a statement `f` contradicts (rules'
@@ -142,7 +142,7 @@ class Turns:
         return self._older_turns(f, vec, since, "contradiction", self.openings)
 
     def _older_turns(self, f: dict[str, Any], vec: np.ndarray, since: str, verdict: str,
-                     sentences: Callable[[int], list[str]]) -> list[str]:
+                     sentences: Callable[[int], list[str]], history: History | None = None) -> list[str]:
         """Message ids of the turns nearest `f` (same speaker as its subject, older than `since`, not
         its own sources) one of whose `sentences` rules' `decide` judges `verdict` against `f`; for an
         update only the one nearest by vector (a new value replaces one older statement of it)."""
@@ -166,14 +166,14 @@ class Turns:
                 continue
             if m["ts"].isoformat() >= since:
                 continue
+            back = (lambda m=m: history.of_turn(m)) if history is not None and verdict == "update" else None
             for sentence in sentences(j):
-                old = {"subject": f.get("subject"), "key": "", "content": sentence, "source_ids": [m["message_id"]]}
-                if decide(f, old, float(sims[j])) != verdict:
-                    continue
-                if verdict == "update" and self.history and restates(f, old, self.history.of_turn(m)):
+                found = decide(f, said(f.get("subject"), sentence, m["message_id"]), float(sims[j]), back)
+                if found == "restatement":
                     return out       # the nearest holder of the value is restated: nothing farther replaced
-                out.append(m["message_id"])
-                break
+                if found == verdict:
+                    out.append(m["message_id"])
+                    break
         return out             # a new value replaces one statement, the nearest; a denial a few
 
     def _nearest(self, vec: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -200,8 +200,6 @@ class History:
                 self.closed_by[str(f["superseded_by"])].append(f)
             for sid in f.get("source_ids") or []:
                 self.citing[sid].append(f)
-        if turns is not None:
-            turns.history = self
 
     def close(self, older: dict[str, Any], newer_id: str, since: str, version: str) -> None:
         """Close `older` (superseded by the fragment or message row `newer_id` from `since`)."""
@@ -241,11 +239,8 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
     what the newer turn denies gets the newer turn in `contradicts_sources`; an update or a denial
     no fragment of either turn holds is appended to `unheld` (for `change_fragments`). Returns the
     changed fragments by id."""
-    carriers: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for f in frags:
-        for sid in f.get("source_ids") or []:
-            carriers[sid].append(f)
     history = History(frags, turns)          # fresh: sees every link made so far on these fragments
+    carriers = history.citing
     changed: dict[str, dict[str, Any]] = {}
 
     def add(f: dict[str, Any], field: str, ids: list[str]) -> None:
@@ -263,14 +258,14 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
         since = m["ts"].isoformat()
         text = str(m.get("text") or "")
         for sentence in turns.split(j):
-            probe = {"subject": m.get("speaker"), "key": "", "content": sentence, "source_ids": [mid]}
+            probe = said(m.get("speaker"), sentence, mid)
             digits, never = any(c.isdigit() for c in sentence), says_never(probe)
             if not (digits or never) or not is_statement(probe):
                 continue
             against = turns.contradicted(probe, turns.z[j], since) if never else []
             if never and own and _denies_itself(probe, text):
                 against.append(mid)
-            for verdict, found in (("update", turns.replaced(probe, turns.z[j], since) if digits else []),
+            for verdict, found in (("update", turns.replaced(probe, turns.z[j], since, history) if digits else []),
                                    ("contradiction", against)):
                 field = "replaces_sources" if verdict == "update" else "contradicts_sources"
                 if own:
@@ -294,8 +289,8 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
 def _denies_itself(probe: dict[str, Any], text: str) -> bool:
     """A "never ..." sentence whose own turn states what it denies in another clause ("I've never
     done X, but I recently did X"): the turn contradicts itself."""
-    clauses = [c for c in re.split(r"[.!?;]\s+|,?\s+but\s+", text) if c.strip()]
-    denial = [c for c in clauses if says_never({"content": c})]
-    said = [c for c in clauses if not says_never({"content": c}) and is_statement({"content": c})]
+    clauses = [(c, says_never({"content": c})) for c in re.split(r"[.!?;]\s+|,?\s+but\s+", text) if c.strip()]
+    denial = [c for c, never in clauses if never]
+    stated = [c for c, never in clauses if not never and is_statement({"content": c})]
     return any(contradiction({**probe, "content": d}, {**probe, "content": c})
-               for d in denial if is_statement({"content": d}) for c in said)
+               for d in denial if is_statement({"content": d}) for c in stated)
