@@ -76,13 +76,10 @@ def flagged(res: RetrievalResult, a: set[str], b: set[str],
     source ids) any memory: context() prints its text either way, and a turn that contradicts
     itself ("I've never done X, but I recently did X") is flagged against its own fragment."""
     by_id = {it.id: list(it.source_ids) for it in res.items}
+    lookup = sources_of or (lambda cid: by_id.get(cid, []))
     for it in res.items:
         for shown in ([it.contradiction] if it.contradiction else []) + (it.also_contradicts or []):
-            cid = shown.get("id", "")
-            other = by_id.get(cid) if cid in by_id else sources_of(cid) if sources_of and cid else None
-            if other is None:
-                continue
-            x, y = set(it.source_ids), set(other)
+            x, y = set(it.source_ids), set(lookup(shown.get("id", "")))
             if (x & a and y & b) or (x & b and y & a):
                 return "CONTRADICTS" in res.context(max_tokens=4000)
     return False

@@ -172,6 +172,8 @@ _META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts"],
 #: as the memo `FRAGMENT_VALIDITY`, so the first query does not read the table twice
 VALIDITY_COLUMNS = ["valid_from", "valid_until", "superseded_by", "contradicts", "replaces_sources",
                     "contradicts_sources"]
+#: what the memo `FRAGMENT_VALIDITY` holds: the fragments' ids and sources with their validity columns
+VALIDITY_READ = ["id", "source_ids"] + VALIDITY_COLUMNS
 FRAGMENT_VALIDITY = "fragment-validity"
 
 
@@ -199,7 +201,7 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
         digests[table] = rows_digest(t.column(ADDR))
         t = t.drop_columns([ADDR])
         if kind == "fragment":
-            validity = t.select(["id", "source_ids"] + VALIDITY_COLUMNS)
+            validity = t.select(VALIDITY_READ)
             t = t.drop_columns(VALIDITY_COLUMNS)
         if kind == "message" and t.num_rows:
             messages = t.select(["message_id", "speaker", "text"])

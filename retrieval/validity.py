@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retrieval.index import FRAGMENT_VALIDITY, VALIDITY_COLUMNS, UserIndex
+from retrieval.index import FRAGMENT_VALIDITY, VALIDITY_READ, UserIndex
 
 __all__ = ["Validity", "validity_of", "order_current", "annotate", "asks_history", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
            "MAX_SHOWN_CONTRADICTIONS"]
@@ -51,7 +51,6 @@ RELEVANCE_MARGIN = 0.0
 PULL_DEPTH = 0.5
 #: counterparts one memory shows in context (`contradiction`, then `also_contradicts`)
 MAX_SHOWN_CONTRADICTIONS = 3
-_COLUMNS = ["id", "source_ids"] + VALIDITY_COLUMNS
 #: a query about what was said before a change ("what did I say at the start?", "originally", "used to")
 _HISTORY_RE = re.compile(
     r"\b(?:at\s+the\s+(?:start|beginning|outset)(?!\s+of\s+(?:each|every|the\s+(?:day|week|month|year)))|"
@@ -66,8 +65,9 @@ _USED_FOR_RE = re.compile(r"\b(?:have|has|had|was|were|is|are|be|been|being)\s+(
 def asks_history(text: str | None) -> bool:
     """Does the query ask what held before a change ("... at the start?", "originally", "used to")?
     Then the replaced memory is the answer: no newer version is put above it (`order_current`)."""
-    for m in _HISTORY_RE.finditer(text or ""):
-        if not (m.group(0).lower().startswith("used") and _USED_FOR_RE.search((text or "")[:m.end()])):
+    text = text or ""
+    for m in _HISTORY_RE.finditer(text):
+        if not (m.group(0).lower().startswith("used") and _USED_FOR_RE.search(text[:m.end()])):
             return True
     return False
 
@@ -123,7 +123,7 @@ def _load(index: UserIndex) -> Validity:
     store = index.store
     if store is None or not store.has_table("fragments"):
         return v
-    t = index.memo(FRAGMENT_VALIDITY, lambda: store.read("fragments", index.user_id, columns=_COLUMNS,
+    t = index.memo(FRAGMENT_VALIDITY, lambda: store.read("fragments", index.user_id, columns=VALIDITY_READ,
                                                          version=index.version_of("fragments")))
     if t.num_rows == 0:
         return v
@@ -261,13 +261,13 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             continue
         crow = None if history else replacement(index, v, row, vec, ids[i], sources[i] or [], row_of,
                                                 row_sims[i], floor)
-        cites = set(index.source_ids(crow)) if crow is not None else set()
-        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) \
-                and not cites <= above:     # its turns already ranked above: nothing to add
-            out.append((crow, score))
-            placed.add(crow)
-            above.update(cites)
-            pulled += 1
+        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH):
+            cites = set(index.source_ids(crow))
+            if not cites <= above:          # its turns already ranked above: nothing to add
+                out.append((crow, score))
+                placed.add(crow)
+                above.update(cites)
+                pulled += 1
         fid = effective(index, v, row, vec, ids[i:i + 1], sources[i:i + 1])
         out.append((row, score))
         placed.add(row)
