@@ -252,8 +252,9 @@ def write(store: Store, p: Plan, dels: dict[str, set[str]], state: ShardState | 
     dels["feedback"] = dels.get("feedback", set()) | feedback_ids(store, user, gone_memories)
     dels["rerankers"] = reranker_ids(store, user, dels["feedback"])
     dels["quarantine"] = quarantine_ids(store, p, dels)
-    dels["llm_cache"] = set(ResponseCache(store).forget_rows(user, p.message_ids, cache_memory_ids(p),
-                                                             whole_user=p.remaining == 0))
+    whole = p.remaining == 0          # the whole user's entries go: no memory ids to look up
+    dels["llm_cache"] = set(ResponseCache(store).forget_rows(user, p.message_ids,
+                                                             set() if whole else cache_memory_ids(p), whole_user=whole))
     touched = {name for name, ids in dels.items() if ids}
     for name, ids in dels.items():
         if ids and store.has_table(name):

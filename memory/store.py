@@ -86,7 +86,7 @@ class Store:
         #: the versions of its tables that were plain inserts, and of whose rows (`memory.inserts`)
         self.inserts = InsertLog()
         #: the commit marker this handle last read, by `units` version (`units.latest_marker`'s memo)
-        self.markers = units.MarkerMemo()
+        self.marker_memo: tuple[int, dict[str, Any] | None] | None = None
 
     # -- tables ---------------------------------------------------------------------------
     def table_names(self) -> list[str]:

@@ -41,27 +41,6 @@ _VERSIONS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mnemo-versions
 _DEPTH = threading.local()   # store key -> units open in this thread
 
 
-class MarkerMemo:
-    """The commit marker a `Store` handle last read and the `units` version it read it at:
-    `latest_marker`'s memo, kept on the handle (`Store.markers`) so it lives and dies with it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._known: tuple[int, dict[str, Any] | None] | None = None
-
-    def known(self, version: int) -> tuple[bool, dict[str, Any] | None]:
-        """(whether the marker at `version` is known, a copy of it); thread-safe."""
-        with self._lock:
-            known = self._known
-        if known is None or known[0] != version:
-            return False, None
-        return True, dict(known[1]) if known[1] is not None else None
-
-    def remember(self, version: int, marker: dict[str, Any] | None) -> None:
-        """Keep `marker` as the one at `units` version `version`."""
-        with self._lock:
-            self._known = (version, marker)
-
 
 def _depths() -> dict[str, int]:
     depths: dict[str, int] | None = getattr(_DEPTH, "depths", None)
@@ -86,18 +65,18 @@ def _latest(store: "Store", names: list[str]) -> dict[str, int]:
 
 
 def latest_marker(store: "Store") -> dict[str, Any] | None:
-    """The store's commit marker as last published (None: no unit ever). Kept per handle (`Store.markers`)
+    """The store's commit marker as last published (None: no unit ever). Kept per handle (`Store.marker_memo`)
     and `units` version: every write and every reader's snapshot asks, and the marker only moves with
     units, so most calls cost one version check instead of a read (the table is never dropped)."""
     version = store.version(UNITS)      # the newest, whatever the handle's consistency interval
     if version == 0:
         return None
-    hit, marker = store.markers.known(version)
-    if hit:
-        return marker
+    known = store.marker_memo           # one tuple, replaced whole: no lock needed
+    if known is not None and known[0] == version:
+        return dict(known[1]) if known[1] is not None else None
     rows = store.read(UNITS, columns=["seq", "state", "label", "versions_json", "holder"], version=version).to_pylist()
     marker = max(rows, key=lambda r: r["seq"] or 0) if rows else None
-    store.markers.remember(version, marker)
+    store.marker_memo = (version, marker)
     return dict(marker) if marker is not None else None
 
 

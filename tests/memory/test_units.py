@@ -162,6 +162,6 @@ def test_the_marker_is_read_once_per_version(tmp_path: Path, monkeypatch: pytest
     last = units.latest_marker(reader)
     assert last is not None and last["state"] == "closed" and last["seq"] == first["seq"] + 2
     assert len(marker_reads) == 3
-    # the memo is the handle's own (`Store.markers`): a new handle reads the marker once itself
-    assert reader.markers.known(reader.version(units.UNITS)) == (True, last)
-    assert Store(str(tmp_path), dim=384).markers.known(reader.version(units.UNITS)) == (False, None)
+    # the memo is the handle's own (`Store.marker_memo`): a new handle reads the marker once itself
+    assert reader.marker_memo == (reader.version(units.UNITS), last)
+    assert Store(str(tmp_path), dim=384).marker_memo is None
