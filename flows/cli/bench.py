@@ -113,6 +113,20 @@ def bench_beam(
         typer.echo(("\n" if i else "") + text)
 
 
+def bench_beam_anchors(
+    ctx: typer.Context,
+    path: BeamDir,
+    scales: Scales = None,
+    keep_markers: bool = typer.Option(False, "--keep-markers", help="embed and search the content as published, "
+                                      "`->-> i,j` markers included (how ANCHORS.md was measured)"),
+) -> None:
+    """The raw-message anchors of ANCHORS.md (dense, BM25, their fusion; no mnemo) on the text the
+    `beam` reader stores (markers stripped), or as published."""
+    from evaluation.beam_anchors import bench_beam_anchors as run
+
+    typer.echo(run(path, scales=csv(scales) or None, keep_markers=keep_markers, settings=settings_of(ctx)))
+
+
 def bench_appends(
     ctx: typer.Context,
     archive: Optional[str] = typer.Option(None, "--archive", help="archive consolidated for the reader's user "
@@ -201,6 +215,7 @@ def register(bench_app: typer.Typer) -> None:
     bench_app.command("incremental")(bench_incremental)
     bench_app.command("rerank")(bench_rerank)
     bench_app.command("beam")(bench_beam)
+    bench_app.command("beam-anchors")(bench_beam_anchors)
     bench_app.command("llm")(bench_llm)
     bench_app.command("updates")(bench_updates)
     bench_app.command("appends")(bench_appends)
