@@ -303,9 +303,10 @@ def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
     w, user = p.rollback, p.user_id
     out: dict[str, set[str]] = {k: set(v) for k, v in p.tainted.items() if k != "observations"}
 
-    def after(name: str, column: str, extra: Any = None) -> set[str]:
+    def after(name: str, column: str, profile: bool = False) -> set[str]:
+        """Rows of `name` dated after W, and with `profile` the profile summaries (rebuilt whole)."""
         return {r["id"] for r in p.rows.get(name, []) if (r[column] is not None and r[column] > w)
-                or (extra == "level" and r["level"] == "profile")}
+                or (profile and r["level"] == "profile")}
 
     for name in ("fragments", "insights", "clusters", "graph_nodes"):
         out.setdefault(name, set()).update(after(name, "session_ts"))
@@ -313,7 +314,7 @@ def rollback_ids(store: Store, p: Plan) -> dict[str, set[str]]:
     out["topics"] = out.get("topics", set()) | after("topics", "created_ts")
     rolled = {t.id for t in load_bank(store, user, w)[1]}
     out["topics"] -= rolled   # rewritten as they stood at W (history after W undone), not deleted
-    out["summaries"] = out.get("summaries", set()) | after("summaries", "session_ts", "level")
+    out["summaries"] = out.get("summaries", set()) | after("summaries", "session_ts", profile=True)
     out["links"] = out.get("links", set()) | {
         r["id"] for r in p.rows.get("links", []) if {r["pool_cluster_id"], r["new_cluster_id"]} & out["clusters"]}
     dead = {r["node_id"] for r in nodes if r["id"] in out["graph_nodes"]}
