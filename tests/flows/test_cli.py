@@ -20,7 +20,7 @@ from tests.helpers import REPO, SAMPLE
 #: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
 COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "doctor", "retrieve", "serve",
             "train-reranker", "bench", "forget", "mcp"}
-BENCHES = {"beam", "consolidate", "locomo", "retrieval", "incremental", "rerank", "forget", "llm", "updates",
+BENCHES = {"beam", "beam-anchors", "consolidate", "locomo", "retrieval", "incremental", "rerank", "forget", "llm", "updates",
            "appends"}
 
 
@@ -60,6 +60,7 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("retrieve", "alice", "my dog", "--strategy", "nope"), "unknown retrieval strategy: 'nope'"),
     (("consolidate", "--engine", "nope"), "unknown engine 'nope'"),
     (("bench", "locomo", "{tmp}/missing.json", "--extraction", "nope"), "unknown extraction 'nope'"),
+    (("bench", "beam-anchors", "{tmp}"), "holds no SCALE/N/chat.json folder"),
 ])
 def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
