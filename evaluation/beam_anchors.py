@@ -5,11 +5,14 @@ content as published, which is what `ANCHORS.md` was measured on.
 
 Why: the per-ability floors of the BEAM targets are the dense anchor's figures, and the markers move
 them (a marker is text the embedder reads: at 100K information extraction is 0.875 with them and
-0.825 without). Scoring is `mnemo bench beam`'s: evidence Recall@K over the questions with evidence,
-per ability; update-first compares, in the whole ranking, the first updated and the first original
-message. BM25 is ANCHORS.md's, not the project's `retrieval.lexical` (which drops stop words and
-folds plurals): every lower-cased word token, k1 1.2, b 0.75, a query word counted as often as the
-query says it. With `keep_markers` every dense and BM25 figure of `ANCHORS.md` is reproduced, and
+0.825 without). Recall@K is `mnemo bench beam`'s (evidence Recall@K over the questions with evidence,
+per ability); update-first, unlike that bench's (judged within the top K), compares the first updated
+and the first original message in the whole ranking, as ANCHORS.md does. The messages are the ones
+the `beam` reader stores (`read_beam`: a malformed message is left out as it would be quarantined).
+The embedder is the configured one (`MNEMO_EMBED_*`; the report names it): the anchors used the
+packaged all-MiniLM-L6-v2 on torch, the default. BM25 is ANCHORS.md's, not the project's `retrieval.lexical` (which drops stop words and
+folds plurals): every lower-cased word token, k1 1.2, b 0.75, idf = ln(1 + (N − df + 0.5) /
+(df + 0.5)) (never negative), a query word counted as often as the query says it. With `keep_markers` every dense and BM25 figure of `ANCHORS.md` is reproduced, and
 the fused ones at 100K (at 500K fused R@10 is 0.515 against 0.526: how that fusion cut its candidate
 lists is not documented).
 """
@@ -26,7 +29,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 from evaluation.beam import KS, load_questions, scales_in, short
 from memory.embed import embedder_for
 from memory.errors import ConfigError
-from memory.ingest.beam import beam_user, chat_files, strip_marker
+from memory.ingest.beam import beam_user, chat_files, read_beam
 from memory.settings import Settings
 
 METHODS = ("dense", "bm25", "rrf")
@@ -59,19 +62,18 @@ class Okapi:
 
 
 def chat_messages(chat: Path, keep_markers: bool = False) -> tuple[list[str], list[str]]:
-    """(message ids, texts) of every message of one `chat.json`, in order; markers stripped unless kept."""
+    """(message ids, texts) of the messages the `beam` reader stores from one `chat.json`, in order:
+    its text (markers stripped), or with `keep_markers` the content as published."""
     ids, texts = [], []
-    for batch in json.loads(chat.read_text()):
-        for group in batch.get("turns") or []:
-            for message in group:
-                content = str(message.get("content") or "")
-                ids.append(str(message["id"]))
-                texts.append(content if keep_markers else strip_marker(content))
+    for kind, row in read_beam(chat, user_id="anchors"):
+        if kind == "msg":
+            ids.append(row["message_id"])
+            texts.append(str(json.loads(row["raw"])["content"]) if keep_markers else row["text"])
     return ids, texts
 
 
 def rankings(query_vec: np.ndarray, query: str, vectors: np.ndarray, bm25: Okapi) -> dict[str, np.ndarray]:
-    """Every message's position per method (best first), the ties of BM25 broken by message order."""
+    """Message indices per method, best first (ties broken by message order)."""
     dense = np.argsort(-(vectors @ query_vec), kind="stable")
     lexical = np.argsort(-bm25.scores(query), kind="stable")
     rank = np.empty((2, dense.size))
@@ -92,6 +94,7 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
     if not chats:
         raise ConfigError(f"{root / scale} holds no N/chat.json folder", path=str(root / scale))
     embedder = embedder_for(settings)
+    chats_asked = 0
     hits: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     first = {m: [0, 0] for m in METHODS}
     questions = 0
@@ -99,6 +102,7 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
         qs, _ = load_questions(chat.parent, beam_user(chat))
         if not qs:
             continue
+        chats_asked += 1
         ids, texts = chat_messages(chat, keep_markers)
         vectors = np.asarray(embedder.embed(texts), dtype=np.float32)
         bm25 = Okapi(texts)
@@ -116,19 +120,23 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
                     up, orig = _first(ranked, q["updated"]), _first(ranked, q.get("original", set()))
                     first[method][0] += up is not None and (orig is None or up < orig)
                     first[method][1] += 1
-    return {"scale": scale, "questions": questions, "chats": len(chats), "keep_markers": keep_markers,
+    if not questions:
+        raise ConfigError(f"{root / scale}: no chat has a question with evidence", path=str(root / scale))
+    return {"scale": scale, "questions": questions, "chats": chats_asked, "keep_markers": keep_markers,
+            "ks": tuple(ks), "embedder": embedder.model_name,
             "rows": {m: {name: float(np.mean(v)) for name, v in hits[m].items()} for m in METHODS},
             "update_first": {m: first[m][0] / first[m][1] if first[m][1] else float("nan") for m in METHODS}}
 
 
-def report(res: dict[str, Any], ks: Sequence[int] = KS) -> str:
+def report(res: dict[str, Any]) -> str:
     """One Markdown table of a scale: R@K per method, update-first, R@{max K} per ability."""
+    ks = res["ks"]
     k = max(ks)
     abilities = sorted(a for a in res["rows"]["dense"] if not a.startswith("R@"))
-    head = ["method"] + [f"R@{x}" for x in ks] + ["update-first"] + [f"{short(a)} R@{k}" for a in abilities]
+    head = ["method"] + [f"R@{x}" for x in ks] + ["update-first (whole ranking)"] + [f"{short(a)} R@{k}" for a in abilities]
     text = "content as published (markers kept)" if res["keep_markers"] else "stored text (markers stripped)"
     lines = [f"BEAM {res['scale']} raw-message anchors: {res['chats']} chats, {res['questions']} questions "
-             f"with evidence, {text}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"with evidence, {text}, embedder {res['embedder']}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in METHODS:
         row = res["rows"][method]
         cells = [method] + [f"{row[f'R@{x}']:.3f}" for x in ks] + [f"{res['update_first'][method]:.3f}"]

@@ -11,6 +11,7 @@ import pytest
 
 from evaluation.beam_anchors import Okapi, chat_messages, rankings, report, score_scale
 from memory.errors import ConfigError
+from memory.ingest.beam import read_beam
 from memory.settings import Settings
 from tests.helpers import REPO
 
@@ -39,16 +40,37 @@ def test_markers_kept_reproduce_the_published_100k_anchors() -> None:
         assert (round(got["R@5"], 3), round(got["R@10"], 3)) == (r5, r10), method
         assert round(res["update_first"][method], 3) == first, method
     assert round(res["rows"]["dense"]["information_extraction"], 3) == 0.875
-    assert "| dense | 0.484 | 0.595 | 0.350 |" in report(res)
+    assert "| dense | 0.484 | 0.595 | 0.350 |" in report(res) and "all-MiniLM-L6-v2" in report(res)
 
 
-def test_chat_messages_strip_markers_unless_kept(tmp_path: Path) -> None:
+@pytest.mark.skipif(not (BEAM / "100K" / "1" / "chat.json").is_file(), reason="BEAM development data not present")
+def test_the_messages_are_those_the_reader_stores() -> None:
+    chat = BEAM / "100K" / "1" / "chat.json"
+    stored = [(r["message_id"], r["text"]) for kind, r in read_beam(chat) if kind == "msg"]
+    ids, texts = chat_messages(chat)
+    assert list(zip(ids, texts)) == stored and len(ids) > 100
+    kept = chat_messages(chat, keep_markers=True)[1]
+    assert any("->->" in t for t in kept) and not any("->->" in t for t in texts)
+
+
+def test_chat_messages_strip_markers_unless_kept_and_skip_malformed_ones(tmp_path: Path) -> None:
     chat = tmp_path / "chat.json"
     chat.write_text(json.dumps([{"batch_number": 1, "turns": [[
         {"role": "user", "id": 4, "content": "My sprint ends April 19. ->-> 1,1", "time_anchor": "March-1-2024"},
-        {"role": "assistant", "id": 5, "content": "Noted."}]]}]))
+        {"role": "assistant", "id": 5, "content": "Noted."},
+        {"role": "assistant", "content": "no id: quarantined by the reader"}]]}]))
     assert chat_messages(chat) == (["4", "5"], ["My sprint ends April 19.", "Noted."])
     assert chat_messages(chat, keep_markers=True)[1][0] == "My sprint ends April 19. ->-> 1,1"
+
+
+def test_a_scale_without_questions_with_evidence_is_a_config_error(tmp_path: Path) -> None:
+    folder = tmp_path / "100K" / "1"
+    folder.mkdir(parents=True)
+    (folder / "chat.json").write_text(json.dumps([{"batch_number": 1, "turns": [[
+        {"role": "user", "id": 0, "content": "Hello", "time_anchor": "March-1-2024"}]]}]))
+    (folder / "probing_questions.json").write_text(json.dumps({"abstention": [{"question": "Who?"}]}))
+    with pytest.raises(ConfigError, match="no chat has a question with evidence"):
+        score_scale(tmp_path, "100K", Settings())
 
 
 def test_okapi_counts_query_words_and_ranks_the_matching_text_first() -> None:

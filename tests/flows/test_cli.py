@@ -20,8 +20,8 @@ from tests.helpers import REPO, SAMPLE
 #: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
 COMMANDS = {"ingest", "consolidate", "backfill", "stats", "profile", "graph", "doctor", "retrieve", "serve",
             "train-reranker", "bench", "forget", "mcp"}
-BENCHES = {"beam", "beam-anchors", "consolidate", "locomo", "retrieval", "incremental", "rerank", "forget", "llm", "updates",
-           "appends"}
+BENCHES = {"beam", "beam-anchors", "consolidate", "locomo", "retrieval", "incremental", "rerank", "forget", "llm",
+           "updates", "appends"}
 
 
 def invoke(*args: str) -> Any:
@@ -205,3 +205,21 @@ def test_bench_gets_the_root_settings(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert kw["path"] == "data.json" and kw["ks"] == [1, 3] and kw["strategies"] == ["dense", "walk"]
     assert kw["extraction"] == "rules" and kw["store"] is None
     assert kw["settings"].retrieval.lexical_weight == 0.4
+
+
+def test_bench_beam_anchors_passes_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import evaluation.beam_anchors
+
+    calls: list[dict[str, Any]] = []
+
+    def bench_beam_anchors(path: str, **kw: Any) -> str:
+        calls.append(dict(kw, path=path))
+        return "anchors"
+
+    monkeypatch.setattr(evaluation.beam_anchors, "bench_beam_anchors", bench_beam_anchors)
+    out = invoke("bench", "beam-anchors", "beam", "--scales", "100K,500K", "--keep-markers")
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "anchors\n"
+    [kw] = calls
+    assert kw["path"] == "beam" and kw["scales"] == ["100K", "500K"] and kw["keep_markers"] is True
+    assert isinstance(kw["settings"], Settings)
