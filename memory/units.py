@@ -64,6 +64,10 @@ def _latest(store: "Store", names: list[str]) -> dict[str, int]:
     return dict(zip(names, _VERSIONS.map(store.version, names)))
 
 
+#: the marker's columns a reader needs (`latest_marker`)
+MARKER_COLUMNS = ("seq", "state", "label", "versions_json", "holder")
+
+
 def latest_marker(store: "Store") -> dict[str, Any] | None:
     """The store's commit marker as last published (None: no unit ever). Kept per handle (`Store.marker_memo`)
     and `units` version: every write and every reader's snapshot asks, and the marker only moves with
@@ -74,18 +78,20 @@ def latest_marker(store: "Store") -> dict[str, Any] | None:
     known = store.marker_memo           # one tuple, replaced whole: no lock needed
     if known is not None and known[0] == version:
         return dict(known[1]) if known[1] is not None else None
-    rows = store.read(UNITS, columns=["seq", "state", "label", "versions_json", "holder"], version=version).to_pylist()
+    rows = store.read(UNITS, columns=list(MARKER_COLUMNS), version=version).to_pylist()
     marker = max(rows, key=lambda r: r["seq"] or 0) if rows else None
     store.marker_memo = (version, marker)
     return dict(marker) if marker is not None else None
 
 
 def publish(store: "Store", state: str, users: Iterable[str], label: str, seq: int) -> dict[str, Any]:
-    """Write the marker (caller holds the write lease)."""
+    """Write the marker (caller holds the write lease) and remember it on the handle: the lease holder
+    is the only writer of `units`, so the version its write made holds this marker."""
     row = {"id": MARKER_ID, "seq": seq, "state": state, "label": label, "user_ids": sorted(set(users)),
            "versions_json": json.dumps(table_versions(store), sort_keys=True),
            "holder": f"pid {os.getpid()} on {socket.gethostname()}", "at": datetime.now(timezone.utc)}
     store.upsert(UNITS, [row])
+    store.marker_memo = (store.version(UNITS), {k: row[k] for k in MARKER_COLUMNS})
     return row
 
 

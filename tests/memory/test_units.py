@@ -165,3 +165,19 @@ def test_the_marker_is_read_once_per_version(tmp_path: Path, monkeypatch: pytest
     # the memo is the handle's own (`Store.marker_memo`): a new handle reads the marker once itself
     assert reader.marker_memo == (reader.version(units.UNITS), last)
     assert Store(str(tmp_path), dim=384).marker_memo is None
+
+
+def test_a_writer_remembers_the_marker_it_publishes(tmp_path: Path, store_reads: list[str]) -> None:
+    """The lease holder is the only writer of `units`: after its own publish it knows the marker at the
+    version that write made and never reads it back; another handle reads the same marker."""
+    writer = Store(str(tmp_path), dim=384)
+    for label in ("first", "second", "third"):
+        with writer.unit(["alice"], label):
+            writer.upsert("fragments", [{"id": f"f-{label}", "user_id": "alice", "text": label}])
+    assert units.UNITS not in store_reads
+    mine = units.latest_marker(writer)
+    assert units.UNITS not in store_reads
+    theirs = units.latest_marker(Store(str(tmp_path), dim=384))
+    assert store_reads.count(units.UNITS) == 1
+    assert mine == theirs and mine is not None and mine["state"] == "closed" and mine["label"] == "third"
+    assert writer.marker_memo is not None and writer.marker_memo[0] == writer.version(units.UNITS)
