@@ -184,6 +184,26 @@ def scales_in(root: Path) -> list[str]:
     return sorted(found, key=scale_order)
 
 
+def requested_scales(root: Path, scales: Sequence[str] | None) -> list[str]:
+    """The scales to run (default: every scale folder under `root`), each folder checked before any work."""
+    todo = list(scales or scales_in(root))
+    if not todo:
+        raise ConfigError(f"{root} holds no SCALE/N/chat.json folder", path=str(root))
+    for scale in todo:
+        if not (root / scale).is_dir():
+            raise ConfigError(f"no scale folder {root / scale} (found: {', '.join(scales_in(root)) or 'none'})",
+                              path=str(root / scale))
+    return todo
+
+
+def scale_chats(root: Path, scale: str) -> list[Path]:
+    """The chat files of one scale folder; a `ConfigError` when it holds none."""
+    chats = chat_files(root / scale)
+    if not chats:
+        raise ConfigError(f"{root / scale} holds no N/chat.json folder", path=str(root / scale))
+    return chats
+
+
 def strategy_names(strategies: Sequence[str] | None, default: str) -> list[str]:
     """The strategies to score (the default ones and the settings' default), each known."""
     names = list(dict.fromkeys([*(strategies or DEFAULT_STRATEGIES), default]))
@@ -224,9 +244,7 @@ def consolidate_scale(st: Store, chats: list[Path], cfg: Settings, copies: int) 
 def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: int,
               cfg: Settings, ks: Sequence[int] = KS, nightly_users: int = 0) -> ScaleResult:
     """Consolidate one scale's chats into `store_dir` and score every strategy on them."""
-    chats = chat_files(root / scale)
-    if not chats:
-        raise ConfigError(f"{root / scale} holds no N/chat.json folder", path=str(root / scale))
+    chats = scale_chats(root, scale)
     cfg = cfg.with_overrides(store=store_dir, llm="rules")
     st = open_store(cfg)
     cons = consolidate_scale(st, chats, cfg, copies)
@@ -279,13 +297,7 @@ def iter_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Seq
     cfg = settings or Settings()
     if copies < 1:
         raise ConfigError(f"--users-copies must be at least 1, got {copies}", copies=copies)
-    todo = list(scales or scales_in(root))
-    if not todo:
-        raise ConfigError(f"{root} holds no SCALE/N/chat.json folder", path=str(root))
-    for scale in todo:
-        if not (root / scale).is_dir():
-            raise ConfigError(f"no scale folder {root / scale} (found: {', '.join(scales_in(root)) or 'none'})",
-                              path=str(root / scale))
+    todo = requested_scales(root, scales)
     names = strategy_names(strategies, cfg.retrieval.default_strategy)
     return _scales(root, todo, names, copies, store, cfg, nightly_users)
 

@@ -26,10 +26,10 @@ import numpy as np
 from scipy import sparse
 from sklearn.feature_extraction.text import CountVectorizer
 
-from evaluation.beam import KS, load_questions, scales_in, short
+from evaluation.beam import KS, load_questions, requested_scales, scale_chats, short
 from memory.embed import embedder_for
 from memory.errors import ConfigError
-from memory.ingest.beam import beam_user, chat_files, read_beam
+from memory.ingest.beam import beam_user, read_beam
 from memory.settings import Settings
 
 METHODS = ("dense", "bm25", "rrf")
@@ -68,7 +68,7 @@ def chat_messages(chat: Path, keep_markers: bool = False) -> tuple[list[str], li
     for kind, row in read_beam(chat, user_id="anchors"):
         if kind == "msg":
             ids.append(row["message_id"])
-            texts.append(str(json.loads(row["raw"])["content"]) if keep_markers else row["text"])
+            texts.append(json.loads(row["raw"])["content"] if keep_markers else row["text"])
     return ids, texts
 
 
@@ -90,9 +90,7 @@ def _first(order: list[str], ids: set[str]) -> int | None:
 def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool = False,
                 ks: Sequence[int] = KS) -> dict[str, Any]:
     """Recall@K per method (overall and per ability at the largest K) and update-first of one scale."""
-    chats = chat_files(root / scale)
-    if not chats:
-        raise ConfigError(f"{root / scale} holds no N/chat.json folder", path=str(root / scale))
+    chats = scale_chats(root, scale)
     embedder = embedder_for(settings)
     chats_asked = 0
     hits: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
@@ -104,9 +102,9 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
             continue
         chats_asked += 1
         ids, texts = chat_messages(chat, keep_markers)
-        vectors = np.asarray(embedder.embed(texts), dtype=np.float32)
+        vectors = embedder.embed(texts)
         bm25 = Okapi(texts)
-        qvecs = np.asarray(embedder.embed([q["question"] for q in qs]), dtype=np.float32)
+        qvecs = embedder.embed([q["question"] for q in qs])
         for q, qv in zip(qs, qvecs):
             questions += 1
             for method, order in rankings(qv, q["question"], vectors, bm25).items():
@@ -148,8 +146,6 @@ def bench_beam_anchors(path: str, *, scales: Sequence[str] | None = None, keep_m
                        settings: Settings | None = None) -> str:
     """The anchors of every requested scale (default: every scale folder under `path`)."""
     root = Path(path)
-    todo = list(scales or scales_in(root))
-    if not todo:
-        raise ConfigError(f"{root} holds no SCALE/N/chat.json folder", path=str(root))
     cfg = settings or Settings()
-    return "\n\n".join(report(score_scale(root, scale, cfg, keep_markers)) for scale in todo)
+    return "\n\n".join(report(score_scale(root, scale, cfg, keep_markers))
+                       for scale in requested_scales(root, scales))

@@ -25,11 +25,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evaluation.beam import UpdateFirst, consolidate_scale, load_questions, scales_in
+from evaluation.beam import UpdateFirst, consolidate_scale, load_questions, requested_scales, scale_chats
 from evaluation.common import recall_at, scratch_store
 from memory.embed import Embedder, embedder_for
-from memory.errors import ConfigError
-from memory.ingest.beam import beam_user, chat_files
+from memory.ingest.beam import beam_user
 from memory.runs import open_store
 from memory.settings import Settings
 from memory.stages.supersede import supersede_user
@@ -75,11 +74,12 @@ def flagged(res: RetrievalResult, a: set[str], b: set[str],
     context shows it. The counterpart is a returned item, or (with `sources_of`: memory id -> its
     source ids) any memory: context() prints its text either way, and a turn that contradicts
     itself ("I've never done X, but I recently did X") is flagged against its own fragment."""
-    by_id = {it.id: list(it.source_ids) for it in res.items}
-    lookup = sources_of or (lambda cid: by_id.get(cid, []))
+    if sources_of is None:
+        by_id = {it.id: list(it.source_ids) for it in res.items}
+        sources_of = lambda cid: by_id.get(cid, [])   # noqa: E731
     for it in res.items:
         for shown in ([it.contradiction] if it.contradiction else []) + (it.also_contradicts or []):
-            x, y = set(it.source_ids), set(lookup(shown.get("id", "")))
+            x, y = set(it.source_ids), set(sources_of(shown.get("id", "")))
             if (x & a and y & b) or (x & b and y & a):
                 return "CONTRADICTS" in res.context(max_tokens=4000)
     return False
@@ -154,9 +154,7 @@ def _mean(xs: Sequence[float | bool]) -> float:
 
 def run_scale(root: Path, scale: str, store_dir: str, cfg: Settings) -> dict[str, Any]:
     """Consolidate (or reuse) one scale's store and measure it."""
-    chats = chat_files(root / scale)
-    if not chats:
-        raise ConfigError(f"{root / scale} holds no N/chat.json folder", path=str(root / scale))
+    chats = scale_chats(root, scale)
     cfg = cfg.with_overrides(store=store_dir, llm="rules")
     st = open_store(cfg)
     users = [beam_user(c) for c in chats]
@@ -200,13 +198,8 @@ def bench_updates(path: str, *, scales: Sequence[str] | None = None, store: str 
     """Run the benchmark on every requested scale (default: every scale folder under `path`)."""
     root = Path(path)
     cfg = settings or Settings()
-    todo = list(scales or scales_in(root))
-    if not todo:
-        raise ConfigError(f"{root} holds no SCALE/N/chat.json folder", path=str(root))
     out = []
-    for scale in todo:
-        if not (root / scale).is_dir():
-            raise ConfigError(f"no scale folder {root / scale}", path=str(root / scale))
+    for scale in requested_scales(root, scales):
         with scratch_store(str(Path(store) / scale) if store else None, f"mnemo-updates-{scale}-") as st_dir:
             out.append(report(run_scale(root, scale, st_dir, cfg)))
     return "\n\n".join(out)

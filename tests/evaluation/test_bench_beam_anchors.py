@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evaluation.beam import anchor_lines
 from evaluation.beam_anchors import Okapi, chat_messages, rankings, report, score_scale
 from memory.errors import ConfigError
 from memory.ingest.beam import read_beam
@@ -20,11 +21,9 @@ BEAM = REPO.parent / "shared" / "data" / "beam"
 
 def published(scale: str) -> dict[str, list[float]]:
     """ANCHORS.md's (R@5, R@10, update-first) per method of one scale."""
-    out, inside = {}, False
-    for line in (BEAM / "ANCHORS.md").read_text().splitlines():
-        if line.startswith("## "):
-            inside = line[3:].startswith(scale + " ")
-        elif inside and re.match(r"\| (dense|bm25|rrf) \|", line):
+    out = {}
+    for line in anchor_lines(BEAM / "ANCHORS.md", scale):
+        if re.match(r"\| (dense|bm25|rrf) \|", line):
             cells = [c.strip() for c in line.strip("|").split("|")]
             out[cells[0]] = [float(c) for c in cells[1:]]
     return out
