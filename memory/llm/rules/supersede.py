@@ -33,7 +33,7 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   requests/minute`` again after ``100`` → ``120``), unless it says the value went back (``back to``,
   ``reverted``) or says right at the number that it is new (a change cue among the `STATED_WORDS`
   words before it, or a change verb's ``to``: ``is now 100``, ``lowered the limit to 100``). The
-  callers ask `restates` with that history (`turns.History`).
+  callers give `decide` that history (`turns.History`), which then says ``restatement``.
 * **named values** — under the same key (or a text cosine of at least `NAMED_SIM`), a newer fragment
   with a change cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a
   capitalized value the older one does not name (within `CUE_WORDS` words after the cue), while
@@ -178,14 +178,14 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
     after = [_stem(w) for w in content_tokens(text[end:], exclude)][:WINDOW // 2]
     named = [unit] if unit and unit not in _UNIT_ALIASES.values() and unit not in ("date", "time", "$") else []
     prefix = text[:start]
+    words = prefix.split()
     to_cued = bool(_CHANGE_TO_RE.search(prefix)) and not _RANGE_TO_RE.search(prefix)
-    cued = bool(_CHANGE_RE.search(" ".join(prefix.split()[-CUE_WORDS:]))) or to_cued
-    stated = to_cued or bool(_CHANGE_RE.search(" ".join(prefix.split()[-STATED_WORDS:])))
-    last = prefix.split()[-1:]
-    condition = bool(last) and last[0].lower() in _CONDITIONS and unit not in ("date", "time")
+    cued = bool(_CHANGE_RE.search(" ".join(words[-CUE_WORDS:]))) or to_cued
+    stated = to_cued or bool(_CHANGE_RE.search(" ".join(words[-STATED_WORDS:])))
+    condition = bool(words) and words[-1].lower() in _CONDITIONS and unit not in ("date", "time")
     rate = _PER_RE.match(text, end)
     per = rate.group(1).lower() if rate else next(
-        (_PERIODS[w] for w in text[:start].lower().split()[-WINDOW:] + text[end:].lower().split()[:2]
+        (_PERIODS[w] for w in [x.lower() for x in words[-WINDOW:]] + text[end:].lower().split()[:2]
          if w in _PERIODS), "")
     return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per,
                     condition=condition, stated=stated)

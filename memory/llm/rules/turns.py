@@ -166,11 +166,11 @@ class Turns:
                 continue
             if m["ts"].isoformat() >= since:
                 continue
-            back = (lambda m=m: history.of_turn(m)) if history is not None and verdict == "update" else None
+            back = (lambda m=m: history.of_turn(m)) if history is not None else None   # `replaced` only
             for sentence in sentences(j):
                 found = decide(f, said(f.get("subject"), sentence, m["message_id"]), float(sims[j]), back)
                 if found == "restatement":
-                    return out       # the nearest holder of the value is restated: nothing farther replaced
+                    return []        # the nearest holder of the value is restated: nothing farther replaced
                 if found == verdict:
                     out.append(m["message_id"])
                     break
