@@ -116,7 +116,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         qindex.add(i, found)
     changed: dict[str, dict[str, Any]] = {}
     history = History(frags, turns)
-    would: dict[str, list[dict[str, Any]]] = {}      # turns a fragment would replace, searched once
+    would: dict[tuple[str, int], list[dict[str, Any]]] = {}   # turns a fragment would replace, per history state
 
     def earlier(f: dict[str, Any]) -> list[dict[str, Any]]:
         """What `f` replaced: its history, or (not decided yet: a newer fragment is judged in the
@@ -124,10 +124,11 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         found = history.of_fragment(f)
         if found or f.get("replaces_sources") or turns is None:
             return found
-        if f["id"] not in would:
+        key = (f["id"], history.changes)
+        if key not in would:
             i = pos[f["id"]]
-            would[f["id"]] = [s for mid in turns.replaced(f, z[i], times[i], history) for s in turns.statements(mid)]
-        return would[f["id"]]
+            would[key] = [s for mid in turns.replaced(f, z[i], times[i], history) for s in turns.statements(mid)]
+        return would[key]
     order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
     for i in order:
         f = frags[i]

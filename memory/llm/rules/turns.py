@@ -193,6 +193,8 @@ class History:
 
     def __init__(self, frags: list[dict[str, Any]], turns: Turns | None = None) -> None:
         self.turns = turns
+        #: closes so far: what a turn replaced can change with each, so a cached answer keys on it
+        self.changes = 0
         self.closed_by: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.citing: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for f in frags:
@@ -205,6 +207,7 @@ class History:
         """Close `older` (superseded by the fragment or message row `newer_id` from `since`)."""
         older.update(superseded_by=newer_id, valid_until=since, supersede_version=version)
         self.closed_by[newer_id].append(older)
+        self.changes += 1
 
     def of_fragment(self, f: dict[str, Any]) -> list[dict[str, Any]]:
         """The statements `f` replaced: the fragments it closed and the turns it names."""
