@@ -116,7 +116,15 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         qindex.add(i, found)
     changed: dict[str, dict[str, Any]] = {}
     history = History(frags, turns)
-    would: dict[tuple[str, int], list[dict[str, Any]]] = {}   # turns a fragment would replace, per history state
+    would: dict[tuple[str, int], list[str]] = {}   # older turns a fragment would replace, per history state
+
+    def replaced(i: int) -> list[str]:
+        """The older turns fragment i would replace (`Turns.replaced`), searched once per history state."""
+        assert turns is not None
+        key = (frags[i]["id"], history.changes)
+        if key not in would:
+            would[key] = turns.replaced(frags[i], z[i], times[i], history)
+        return would[key]
 
     def earlier(f: dict[str, Any]) -> list[dict[str, Any]]:
         """What `f` replaced: its history, or (not decided yet: a newer fragment is judged in the
@@ -124,11 +132,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         found = history.of_fragment(f)
         if found or f.get("replaces_sources") or turns is None:
             return found
-        key = (f["id"], history.changes)
-        if key not in would:
-            i = pos[f["id"]]
-            would[key] = [s for mid in turns.replaced(f, z[i], times[i], history) for s in turns.statements(mid)]
-        return would[key]
+        return [s for mid in replaced(pos[f["id"]]) for s in turns.statements(mid)]
     order = sorted({pos[t] for t in todo if t in pos}, key=lambda i: times[i])
     for i in order:
         f = frags[i]
@@ -155,9 +159,9 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
                 newer["contradicts"] = older["id"]
                 changed[newer["id"]] = newer
         if turns is not None and not updated and not f.get("superseded_by"):
-            turned = turns.replaced(f, z[i], times[i], history)
+            turned = replaced(i)
             if turned:
-                f["replaces_sources"] = turned
+                f["replaces_sources"] = list(turned)
         if turns is not None:
             against = turns.contradicted(f, z[i], times[i])
             if against:
