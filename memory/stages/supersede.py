@@ -161,7 +161,7 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
         if turns is not None and not updated and not f.get("superseded_by"):
             turned = replaced(i)
             if turned:
-                f["replaces_sources"] = list(turned)
+                history.replaces(f, turned)
         if turns is not None:
             against = turns.contradicted(f, z[i], times[i])
             if against:

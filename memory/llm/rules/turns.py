@@ -189,11 +189,13 @@ class Turns:
 class History:
     """What each fragment and turn replaced, kept current while the planners link them: an update
     that gives back a value its older statement replaced is a restatement (rules' `restates`).
-    Closing a fragment goes through `close` so the history sees it."""
+    Closing a fragment goes through `close`, naming the turns it replaces through `replaces`, so the
+    history sees it."""
 
     def __init__(self, frags: list[dict[str, Any]], turns: Turns | None = None) -> None:
         self.turns = turns
-        #: closes so far: what a turn replaced can change with each, so a cached answer keys on it
+        #: links made so far (`close`, `replaces`): what a turn replaced can change with each, so a
+        #: cached answer keys on it
         self.changes = 0
         self.closed_by: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.citing: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -207,6 +209,11 @@ class History:
         """Close `older` (superseded by the fragment or message row `newer_id` from `since`)."""
         older.update(superseded_by=newer_id, valid_until=since, supersede_version=version)
         self.closed_by[newer_id].append(older)
+        self.changes += 1
+
+    def replaces(self, f: dict[str, Any], mids: list[str]) -> None:
+        """Record that fragment `f` replaces the older turns `mids` (its `replaces_sources`)."""
+        f["replaces_sources"] = list(mids)
         self.changes += 1
 
     def of_fragment(self, f: dict[str, Any]) -> list[dict[str, Any]]:
