@@ -104,6 +104,14 @@ class UserIndex:
         """memory id -> row, built on first use (feedback validation, reranker candidates, the graph)."""
         return self.memo("row_of_id", lambda: {v: i for i, v in enumerate(self.meta.column("id").to_pylist())})
 
+    def turn_rows(self) -> dict[str, int]:
+        """message id -> index row of its raw turn, built on first use (validity, turn groups)."""
+        def build() -> dict[str, int]:
+            rows = np.flatnonzero(self.kinds == "message")
+            srcs = self.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist()
+            return {s[0]: int(r) for r, s in zip(rows.tolist(), srcs) if s}
+        return self.memo("turn-rows", build)
+
     def turns(self) -> dict[str, str]:
         """message_id -> "speaker: text" of every turn of the user, built on first use."""
         t = self.messages

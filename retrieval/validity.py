@@ -151,7 +151,7 @@ def _load(index: UserIndex) -> Validity:
         for s in r["replaces_sources"] or []:
             v.replaced_in.setdefault(s, []).append(fid)
         if r["contradicts_sources"]:
-            turns = turn_rows(index)
+            turns = index.turn_rows()
             own = [str(index.meta.column("id")[turns[s]].as_py()) for s in r["source_ids"] or [] if s in turns]
             for s in r["contradicts_sources"]:
                 if s in turns:
@@ -174,15 +174,6 @@ def _load(index: UserIndex) -> Validity:
                 if s in cited:
                     v.by_message.setdefault(s, []).append(row)
     return v
-
-
-def turn_rows(index: UserIndex) -> dict[str, int]:
-    """message id -> index row of its turn (memoized)."""
-    def build() -> dict[str, int]:
-        rows = np.flatnonzero(index.kinds == "message")
-        srcs = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist()
-        return {s[0]: int(r) for r, s in zip(rows.tolist(), srcs) if s}
-    return index.memo("turn-rows", build)
 
 
 def validity_of(index: UserIndex) -> Validity:
@@ -223,7 +214,7 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
         for n in v.replaced_in.get(s, []):
             found += [n] + v.newer(n)
     rows = [row_of[f] for f in dict.fromkeys(found) if f != memory_id and f in row_of]
-    turns = turn_rows(index)                      # the newer turns those fragments cite compete too
+    turns = index.turn_rows()                      # the newer turns those fragments cite compete too
     cited = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist() \
         if rows and not closed else []           # (a closed fragment gets a fragment, with its history)
     rows += [turns[c] for cs in cited for c in cs or [] if c in turns and c not in sources]

@@ -142,8 +142,7 @@ def turn_groups(index: UserIndex) -> np.ndarray:
     def build() -> np.ndarray:
         group = np.arange(index.size, dtype=np.int64)
         sources = index.meta.column("source_ids").to_pylist()
-        turn_row = {s[0]: i for i, (k, s) in enumerate(zip(index.kinds.tolist(), sources))
-                    if k == "message" and s}
+        turn_row = index.turn_rows()
         for i, s in enumerate(sources):
             if s and len(s) == 1 and index.kinds[i] != "message":
                 group[i] = turn_row.get(s[0], i)
