@@ -30,7 +30,8 @@ def retrieve(
     query: str = typer.Argument(..., help="the question"),
     k: Optional[int] = typer.Option(None, "--k", help="items to return [default 10]"),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="dense | familiarity | recollection | "
-                                           "rfmem | hybrid | rfmem-hybrid | calibrated [default: best]"),
+                                           "rfmem | hybrid | rfmem-hybrid | calibrated | walk | hybrid-walk | "
+                                           "rfmem-walk | rfmem-hybrid-walk [default: MNEMO_RETRIEVAL_DEFAULT_STRATEGY]"),
     as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON"),
     max_tokens: int = typer.Option(1500, "--max-tokens", help="token budget of the printed context"),
 ) -> None:
