@@ -159,13 +159,9 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
                 newer["contradicts"] = older["id"]
                 changed[newer["id"]] = newer
         if turns is not None and not updated and not f.get("superseded_by"):
-            turned = replaced(i)
-            if turned:
-                history.replaces(f, turned)
+            history.link(f, "replaces_sources", replaced(i))
         if turns is not None:
-            against = turns.contradicted(f, z[i], times[i])
-            if against:
-                f["contradicts_sources"] = against
+            history.link(f, "contradicts_sources", turns.contradicted(f, z[i], times[i]))
     return changed
 
 

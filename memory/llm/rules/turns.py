@@ -189,13 +189,13 @@ class Turns:
 class History:
     """What each fragment and turn replaced, kept current while the planners link them: an update
     that gives back a value its older statement replaced is a restatement (rules' `restates`).
-    Closing a fragment goes through `close`, naming the turns it replaces through `replaces`, so the
-    history sees it."""
+    Every link goes through it, closing a fragment through `close`, naming older turns through
+    `link`, so `changes` counts them."""
 
     def __init__(self, frags: list[dict[str, Any]], turns: Turns | None = None) -> None:
         self.turns = turns
-        #: links made so far (`close`, `replaces`): what a turn replaced can change with each, so a
-        #: cached answer keys on it
+        #: links made so far (`close`, `link`): what a turn replaced can change with each, so a cached
+        #: answer keys on it
         self.changes = 0
         self.closed_by: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.citing: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -211,10 +211,15 @@ class History:
         self.closed_by[newer_id].append(older)
         self.changes += 1
 
-    def replaces(self, f: dict[str, Any], mids: list[str]) -> None:
-        """Record that fragment `f` replaces the older turns `mids` (its `replaces_sources`)."""
-        f["replaces_sources"] = list(mids)
+    def link(self, f: dict[str, Any], field: str, mids: list[str]) -> bool:
+        """Add the turns `mids` that `f` does not name yet to its `field` (`replaces_sources`: the
+        older turns it replaces, `contradicts_sources`: those it contradicts); True when any was new."""
+        new = [m for m in mids if m not in (f.get(field) or [])]
+        if not new:
+            return False
+        f[field] = list(f.get(field) or []) + new
         self.changes += 1
+        return True
 
     def of_fragment(self, f: dict[str, Any]) -> list[dict[str, Any]]:
         """The statements `f` replaced: the fragments it closed and the turns it names."""
@@ -254,9 +259,7 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
     changed: dict[str, dict[str, Any]] = {}
 
     def add(f: dict[str, Any], field: str, ids: list[str]) -> None:
-        new = [i for i in ids if i not in (f.get(field) or [])]
-        if new:
-            f[field] = list(f.get(field) or []) + new
+        if history.link(f, field, ids):
             f["supersede_version"] = version
             changed[f["id"]] = f
 
