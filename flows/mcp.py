@@ -90,7 +90,7 @@ def http_app(retriever: Retriever, host: str = "127.0.0.1") -> ASGIApp:
     settings = retriever.settings
     app = build_server(retriever).streamable_http_app(streamable_http_path=MCP_PATH, host=host,
                                                       max_request_body_size=settings.append_max_bytes)
-    key = settings.api_key.get_secret_value() if settings.api_key else None
+    key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     return RequestGuard(app, api_key=key, max_body=settings.append_max_bytes, public_paths=frozenset())
 
 

@@ -15,15 +15,27 @@ see retrieval/rfmem.py). `PAPER` keeps the published values.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 #: the published RF-Mem hyperparameters (PersonaMem, Appendix B / D.2), for reference and overrides
 PAPER = {"lam": 20.0, "beam": 3, "fanout": 2, "theta_high": 0.6, "theta_low": 0.3, "tau": 0.25, "alpha": 0.5,
          "entropy_normalized": False}
+
+
+def _not_blank(key: SecretStr) -> SecretStr:
+    """A service key that is set must be a key: `MNEMO_API_KEY=` (an unset variable in a deployment file)
+    would otherwise read as "no key" and open every route."""
+    if not key.get_secret_value().strip():
+        raise ValueError("the API key is set but blank; give a key, or unset the variable to run without one")
+    return key
+
+
+#: a bearer key: blank values are refused rather than read as "no key"
+ApiKey = Annotated[SecretStr, AfterValidator(_not_blank)]
 
 
 class RetrievalSettings(BaseModel):
@@ -121,7 +133,7 @@ class RetrievalSettings(BaseModel):
     context_tokens: int = Field(1500, ge=1, description="default token budget of res.context()")
     host: str = "127.0.0.1"
     port: int = 8765
-    api_key: SecretStr | None = Field(None, description="`MNEMO_API_KEY`: when set, /v1 calls "
+    api_key: ApiKey | None = Field(None, description="`MNEMO_API_KEY`: when set, /v1 calls "
                                       "need `Authorization: Bearer <key>`")
     # appends (memory.ingest.append, POST /v1/users/{user_id}/messages, the MCP append tool)
     append_max_messages: int = Field(1000, ge=1, description="most turns one append batch may carry "
@@ -238,7 +250,7 @@ class _FromEnvironment(BaseSettings, Settings):
     model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", env_nested_delimiter="_",
                                       env_nested_max_split=1)
 
-    api_key: SecretStr | None = Field(None, exclude=True)
+    api_key: ApiKey | None = Field(None, exclude=True)
 
 
 def load_settings(**overrides: Any) -> Settings:

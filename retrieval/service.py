@@ -84,7 +84,7 @@ def create_app(retriever: Retriever) -> FastAPI:
     settings = retriever.settings
     app = FastAPI(title="mnemo retrieval", version="0.1.0",
                   description="RF-Mem retrieval over consolidated long-term memory.")
-    key = settings.api_key.get_secret_value() if settings.api_key else None
+    key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     app.add_middleware(RequestGuard, api_key=key, max_body=settings.max_query_chars * 4 + 8192)
 
     @app.exception_handler(InvalidUserIdError)
@@ -120,7 +120,8 @@ def create_app(retriever: Retriever) -> FastAPI:
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"status": "ok", "store": retriever.store.uri, "strategies": retriever.strategies,
+        """Liveness, public: it names no store path (a bucket URI is not for unauthenticated callers)."""
+        return {"status": "ok", "strategies": retriever.strategies,
                 "default_strategy": settings.default_strategy}
 
     @app.post("/v1/users/{user_id}/retrieve")

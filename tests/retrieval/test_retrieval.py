@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from lancedb.expr import col
+from pydantic import ValidationError
 
 import retrieval
 from memory.embed import Embedder
@@ -265,6 +266,18 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.lam, s.beam, s.fanout, s.theta_low, s.alpha) == (20.0, 3, 2, 0.3, 0.5)
     paper = RetrievalSettings(**PAPER)
     assert (paper.theta_high, paper.tau, paper.entropy_normalized) == (0.6, 0.25, False)
+
+
+@pytest.mark.parametrize("env", [{"MNEMO_API_KEY": ""}, {"MNEMO_API_KEY": "  "},
+                                 {"MNEMO_API_KEY": "s3cret", "MNEMO_RETRIEVAL_API_KEY": ""}])
+def test_blank_api_key_is_refused(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """A blank key (`MNEMO_API_KEY=${UNSET}`) is an error, not "no key": it would open every route."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match="API key is set but blank"):
+        load_settings()
+    with pytest.raises(ValidationError, match="API key is set but blank"):
+        RetrievalSettings(api_key="")
 
 
 def test_cli_retrieve_json(store: Store, embedder: Embedder) -> None:

@@ -37,7 +37,8 @@ def client(url: str) -> Iterator[httpx.Client]:
 
 
 def test_healthz_and_docs_need_no_key(url: str) -> None:
-    assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
+    health = httpx.get(f"{url}/healthz").json()
+    assert health["status"] == "ok" and "store" not in health
     spec = httpx.get(f"{url}/openapi.json").json()
     assert "/v1/users/{user_id}/retrieve" in spec["paths"] and "/v1/users/{user_id}/context" in spec["paths"]
     assert httpx.get(f"{url}/docs").status_code == 200
