@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -146,12 +147,14 @@ def save_version(store: Store, model: Reranker, key: str, *, feedback_until: dat
 
 class RerankerCache:
     """The latest version per scope, re-read when the `rerankers` table moved (checked at most every
-    `refresh_ms`)."""
+    `refresh_ms`); at most `max_scopes` scopes are held, least recently used dropped first, so a stream
+    of user ids cannot grow it without bound (a user's weights are dim² floats)."""
 
-    def __init__(self, store: Store, refresh_ms: int = 500) -> None:
+    def __init__(self, store: Store, refresh_ms: int = 500, max_scopes: int = 128) -> None:
         self.store = store
         self.refresh_s = refresh_ms / 1000.0
-        self._models: dict[str, Reranker | None] = {}
+        self.max_scopes = max_scopes
+        self._models: OrderedDict[str, Reranker | None] = OrderedDict()
         self._version = -1
         self._checked = 0.0
         self._lock = threading.Lock()
@@ -163,7 +166,16 @@ class RerankerCache:
                 self._checked = now
                 v = self.store.version("rerankers")
                 if v != self._version:
-                    self._version, self._models = v, {}
-            if key not in self._models:
-                self._models[key] = load_latest(self.store, key)[0]
-            return self._models[key]
+                    self._version = v
+                    self._models.clear()
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+            model = self._models[key] = load_latest(self.store, key)[0]
+            while len(self._models) > self.max_scopes:
+                self._models.popitem(last=False)
+            return model
+
+    def __len__(self) -> int:
+        """Scopes held now."""
+        return len(self._models)

@@ -13,8 +13,8 @@ from memory.errors import ConfigError
 from memory.settings import load_settings
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
-from retrieval.rerank import (GLOBAL, Example, Reranker, TrainConfig, load_latest, loss_grad, save_version,
-                              scope_key, train, train_reranker)
+from retrieval.rerank import (GLOBAL, Example, Reranker, RerankerCache, TrainConfig, load_latest, loss_grad,
+                              save_version, scope_key, train, train_reranker)
 from tests.helpers import ALICE, BOB, write_user
 
 DIM = 16
@@ -97,6 +97,21 @@ def test_versions_roundtrip_and_corrupt_ones_are_ignored(store: Store, caplog: p
     assert model is not None and model.version == 1 and np.allclose(model.wq, a.wq)
     assert "ignoring reranker global version 2" in caplog.text
     assert load_latest(store, scope_key("user", "nobody"))[0] is None
+
+
+def test_reranker_cache_holds_at_most_max_scopes(store: Store) -> None:
+    """Per-user scopes of a stream of user ids are dropped least recently used first; a dropped scope
+    loads again on its next use."""
+    mine = Reranker.identity(384)
+    save_version(store, mine, scope_key("user", "u0"), feedback_until=datetime(2024, 1, 1, tzinfo=timezone.utc),
+                 metrics={})
+    cache = RerankerCache(store, refresh_ms=60_000, max_scopes=3)
+    assert cache.get(scope_key("user", "u0")) is not None
+    for i in range(1, 6):
+        assert cache.get(scope_key("user", f"u{i}")) is None
+    assert len(cache) == 3
+    again = cache.get(scope_key("user", "u0"))
+    assert again is not None and again.version == 1 and len(cache) == 3
 
 
 @pytest.fixture()
