@@ -49,6 +49,8 @@ ANCHOR_FORMATS = ("%B-%d-%Y", "%b-%d-%Y", "%Y-%m-%d")
 EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
 #: the time between two messages in chat order (unless an anchor moves time forward)
 STEP = timedelta(minutes=1)
+#: the last time a step can reach: messages after an anchor at the very end of year 9999 share it
+_LAST = datetime.max.replace(tzinfo=timezone.utc) - STEP
 
 _MARKER = re.compile(r"->->[ \t]*\d+[ \t]*,[ \t]*(?:\d+|N/A)\)?\s*")
 _SEGMENT = re.compile(r"(\d+)")
@@ -161,7 +163,7 @@ def _read_chat(chat: list[Any], user: str, label: str) -> Reader:
     ts = next((t for t in anchors if t is not None), EPOCH)
     for i, ((sid, source, message, anchor), when) in enumerate(zip(slots, anchors)):
         if i:
-            ts += STEP
+            ts = ts + STEP if ts <= _LAST else ts
         if when is not None and when > ts:
             ts = when
         problem = _problem(message, anchor, when)

@@ -109,26 +109,33 @@ def row_problem(row: dict[str, Any]) -> str | None:
 
 
 def _utc(dt: datetime) -> datetime:
+    """`dt` in UTC; a naive time is taken as UTC. Raises OverflowError past year 1 or 9999."""
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 
 def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
     """ISO 8601 (or `fmt`, then dateparser as a fallback) to an aware UTC datetime; None if unparsable."""
     if isinstance(value, datetime):
-        return _utc(value)
+        try:
+            return _utc(value)
+        except OverflowError:
+            return None
     if not isinstance(value, str) or not value.strip():
         return None
     text = value.strip()
     try:
         return _utc(datetime.strptime(text, fmt) if fmt else datetime.fromisoformat(text))
-    except ValueError:
+    except (ValueError, OverflowError):   # OverflowError: year 1 or 9999 shifted out of range by its offset
         pass
     if fmt is None:
         return None  # generic archives promise ISO 8601: do not guess
     import dateparser
 
     parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
-    return _utc(parsed) if parsed else None
+    try:
+        return _utc(parsed) if parsed else None
+    except OverflowError:
+        return None
 
 
 def bad_time(value: Any) -> str:

@@ -260,6 +260,8 @@ def check(text: str | None, schema: dict[str, Any],
         answer = json.loads(_strip_fence(text))
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON: {exc}"
+    except RecursionError:   # "[[[[..." deeper than the parser's recursion limit
+        return None, "not valid JSON: nested too deeply"
     err = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(answer))
     if err is not None:
         return None, f"schema violation at {err.json_path}: {err.message}"[:_ERR_QUOTE]

@@ -72,6 +72,12 @@ def test_times_follow_the_anchors(tmp_path: Path) -> None:
     assert set(batch.messages["user_id"]) == {"beam-100K-7"}
     assert batch.sessions["session_id"].to_list() == [f"batch-{n}" for n in range(1, 6)]
 
+    last = datetime.max.replace(tzinfo=UTC)     # an anchor on the last day: later steps stay at the end
+    end = [{"batch_number": 1, "turns": [[_msg(i, time_anchor="December-31-9999" if i == 0 else None)
+                                          for i in range(1500)]]}]
+    ends = read_archive(_write_chat(tmp_path, "100K", "8", end), "beam").messages["ts"].to_list()
+    assert len(ends) == 1500 and ends[-1] <= last and ends == sorted(ends)
+
     bare = [{"batch_number": 1, "turns": [[_msg(0), _msg(1, "assistant")]]}]
     times = read_archive(_write_chat(tmp_path, "500K", "2", bare), "beam").messages["ts"].to_list()
     assert times == [EPOCH, EPOCH + STEP]

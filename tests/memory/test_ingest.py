@@ -185,6 +185,7 @@ def test_jsonl_bad_rows_are_quarantined_with_reasons(tmp_path: Path, store: Stor
         b'{"user_id": "alice", "session_id": "s1", "message_id": "m6", oops',
         missing_text,
         _row(mid="m7", ts="last tuesday"),
+        _row(mid="m10", ts="0001-01-01T00:00:00+01:00"),     # valid ISO 8601, before year 1 in UTC
         b'{"user_id": "alice", "session_id": "s1", "message_id": "m8", "speaker": "Alice", '
         b'"text": "broken \\ud800 half", "timestamp": "2024-05-01T10:00:00Z"}',
         _row(user="eve'; DROP TABLE messages; --", mid="m9"),
@@ -196,7 +197,8 @@ def test_jsonl_bad_rows_are_quarantined_with_reasons(tmp_path: Path, store: Stor
     assert report.users == ["alice", "bob"] and report.quarantined == len(bad)
     assert report.reasons == {
         "bad encoding": 1, "invalid json": 1, "missing field: text": 1,
-        "unparsable timestamp: 'last tuesday'": 1, "lone surrogate in text": 1, "invalid user_id": 1,
+        "unparsable timestamp: 'last tuesday'": 1, "lone surrogate in text": 1,
+        "unparsable timestamp: '0001-01-01T00:00:00+01:00'": 1, "invalid user_id": 1,
         "invalid json: not an object": 1,
     }
     q = _quarantine(store)

@@ -222,3 +222,4 @@ def test_stats_add_and_check_helper() -> None:
     assert check('```json\n{"answer": "x"}\n```', SCHEMA) == ({"answer": "x"}, None)
     assert check(None, SCHEMA)[1] == "empty answer"
     assert "schema violation" in (check('{"answer": 3}', SCHEMA)[1] or "")
+    assert check("[" * 5000, SCHEMA) == (None, "not valid JSON: nested too deeply")   # not a RecursionError
