@@ -97,7 +97,7 @@ def settle(state: ShardState, now: datetime) -> tuple[list[dict[str, Any]], list
                                "items": items}
         if s is None:
             row.update(session_ts=None, n_messages=None, next_seq=None)
-        elif s.mode == "topics" and old is not None:
+        elif s.mode in ("topics", "reason") and old is not None:
             row.update(session_ts=s.ts, n_messages=old["n_messages"], next_seq=old["next_seq"])
         else:
             reached = max(seq_range(s, old)[1], (old or {}).get("next_seq") or 0)

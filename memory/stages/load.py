@@ -16,13 +16,15 @@ quarantine set aside (items), one row per user for its phase summaries and profi
   clusters and topics of those messages get new deterministic ids beside the old ones.
 * mode `topics`: only the topic requests of quarantined subjects, over the messages of their
   attempt (deferred while the session also has messages to extract).
+* mode `reason`: only the reason requests of quarantined links (`retry_links` loads them and their
+  clusters as stored); no messages. Any mode but `new` also retries the session's pending links.
 * done: nothing loaded. A user with nothing pending costs two small reads (its sessions and
   progress rows) besides the watermark.
 
 A pending `summarize` item of the user (a quarantined phase summary or profile) puts the user in
 `state.summary_retry`. An item is `{"work", "subject", "from", "to", "attempts", "quarantine_ids",
-"given_up"}`: work `extract`, `topics` (one per subject) or `summarize`, the `seq` range it covers
-and the runs that quarantined it; `commit.settle` updates them.
+"given_up"}`: work `extract`, `topics` (one per subject), `reason` (one per link id) or `summarize`,
+the `seq` range it covers and the runs that quarantined it; `commit.settle` updates them.
 
 A store consolidated before progress was tracked (a watermark, no user row) is migrated on its
 first load: messages already embedded count as consolidated, the rest is pending, and quarantine
@@ -39,7 +41,7 @@ import polars as pl
 
 from memory.ids import validate_user_id
 from memory.settings import Settings
-from memory.stages.shard import Cluster, SessionWork, ShardState, active, frame, progress_id, timed
+from memory.stages.shard import Cluster, Link, SessionWork, ShardState, active, frame, progress_id, timed
 from memory.store import Store
 
 #: the watermark of a user never consolidated
@@ -93,10 +95,25 @@ def load_user(store: Store, state: ShardState, user: str) -> None:
     if clusters.height:
         live = clusters.filter((pl.col("session_ts") <= last) &
                                (pl.col("consumed_ts").is_null() | (pl.col("consumed_ts") > last)))
-        state.pools[user] = [Cluster(
-            id=r["id"], user_id=user, session_id=r["session_id"], session_ts=r["session_ts"],
-            member_ids=list(r["member_ids"]), centroid=np.asarray(r["centroid"], dtype=np.float32),
-        ) for r in live.sort(["session_ts", "id"]).iter_rows(named=True)]
+        state.pools[user] = [Cluster.from_row(r) for r in live.sort(["session_ts", "id"]).iter_rows(named=True)]
+    retry_links(store, state, user)
+
+
+def retry_links(store: Store, state: ShardState, user: str) -> None:
+    """The stored links whose reason request a quarantine left pending, for the reason stage to ask
+    again (their clusters as stored, consumption included). A link no longer stored (forgotten) is
+    not asked: its item is settled as done."""
+    ids = sorted({i for s in state.sessions if s.user_id == user for i in s.reason_links})
+    if not ids:
+        return
+    rows = store.read_ids("links", ids).to_pylist()
+    wanted = {c for r in rows for c in (r["pool_cluster_id"], r["new_cluster_id"])}
+    clusters = {r["id"]: Cluster.from_row(r, consumption=True)
+                for r in store.read_ids("clusters", sorted(wanted)).to_pylist() if r["user_id"] == user}
+    for r in rows:
+        pool, new = clusters.get(r["pool_cluster_id"]), clusters.get(r["new_cluster_id"])
+        if r["user_id"] == user and pool is not None and new is not None:
+            state.links.append(Link(pool=pool, new=new, similarity=float(r["similarity"])))
 
 
 def add_sessions(store: Store, state: ShardState, user: str, planned: list[Planned]) -> None:
@@ -156,12 +173,16 @@ def plan_session(s: dict[str, Any], known: dict[str, dict[str, Any]],
     items = active(p["items"])
     extract = [i for i in items if i["work"] == "extract"]
     if extract or (s["n_messages"] or 0) > (p["n_messages"] or 0):
-        return "full", min([i["from"] for i in extract] + [p["next_seq"] or 0]), None, extract
+        return "full", min([i["from"] for i in extract] + [p["next_seq"] or 0]), None, extract + [
+            i for i in items if i["work"] == "reason"]
+    reasons = [i for i in items if i["work"] == "reason"]
     topics = [i for i in items if i["work"] == "topics"]
-    if not topics:
-        return None
-    lo, hi = min((i["from"], i["to"]) for i in topics)
-    return "topics", lo, hi, [i for i in topics if (i["from"], i["to"]) == (lo, hi)]
+    if topics:
+        lo, hi = min((i["from"], i["to"]) for i in topics)
+        return "topics", lo, hi, [i for i in topics if (i["from"], i["to"]) == (lo, hi)] + reasons
+    if reasons:
+        return "reason", 0, 0, reasons
+    return None
 
 
 def legacy_progress(store: Store, user: str, sessions: pl.DataFrame,

@@ -1,6 +1,7 @@
 """The reason stage, PREMem step 2b: insights over the shard's linked cluster pairs (five evolution
 patterns), one LLM request per pair, all pairs of the shard in one batch. The insights are embedded
-and attributed to source messages afterwards, by `embed_insights`.
+and attributed to source messages afterwards, by `embed_insights`. A pair whose answer is quarantined
+stays pending on its session (`reason:<link id>`); a later run asks it again (`load.retry_links`).
 
 With an LLM backend this is also where supersession is decided (issue 12): a transformation that
 names the fragment it supersedes (`supersedes` / `superseded_by`, prompt `REASON_VERSION`) closes the
@@ -14,7 +15,8 @@ import numpy as np
 
 from memory import prompts
 from memory.ids import make_id
-from memory.stages.shard import Cluster, Link, ShardState, StageContext, add_rows, all_fragments, merge_llm, timed
+from memory.stages.shard import (Cluster, Link, ShardState, StageContext, add_rows, all_fragments, merge_llm,
+                                 quarantine_work, timed)
 
 
 def reason(state: ShardState, ctx: StageContext) -> ShardState:
@@ -40,9 +42,13 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
                     if closed:
                         add_rows(state, "fragments", closed)
             by_link = {lk.id: lk for lk in state.links}
+            mine = {(s.user_id, s.session_id) for s in state.sessions}
             for q in bad:
                 lk = by_link[q.request.context["link_id"]]
-                state.quarantine.append(q.row(lk.new.user_id, state.run_id, lk.id))
+                # pending on the side this shard consolidates (a late session's link: the pool side)
+                sid = lk.new.session_id if (lk.new.user_id, lk.new.session_id) in mine else lk.pool.session_id
+                quarantine_work(state, q.row(lk.new.user_id, state.run_id, lk.id), lk.new.user_id, sid,
+                                f"reason:{lk.id}")
             state.insights = list({r["id"]: r for r in state.insights}.values())
     return state
 

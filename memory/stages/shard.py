@@ -38,7 +38,8 @@ class SessionWork:
     observed: bool = False
     observations: list[dict[str, Any]] | None = None
     #: "new" (first consolidation), "full" (reopened: appended messages or a pending extraction; every
-    #: stage over `messages` only) or "topics" (only the topic requests of the retried subjects)
+    #: stage over `messages` only), "topics" (only the topic requests of the retried subjects) or
+    #: "reason" (only the reason requests of the retried links; no messages)
     mode: str = "new"
     #: the session's message count when loaded
     n_messages: int = 0
@@ -52,13 +53,18 @@ class SessionWork:
 
     @property
     def extracts(self) -> bool:
-        """Whether extract and the stages after it take this session (not a topics-only retry)."""
-        return self.mode != "topics"
+        """Whether extract and the stages after it take this session (not a topics or reason retry)."""
+        return self.mode not in ("topics", "reason")
 
     @property
     def topic_subjects(self) -> list[str]:
         """The subjects a topics-only retry asks about."""
         return [i["subject"] for i in self.retrying if i["work"] == "topics"]
+
+    @property
+    def reason_links(self) -> list[str]:
+        """The ids of the links whose quarantined reason request this run asks again."""
+        return [i["subject"] for i in self.retrying if i["work"] == "reason"]
 
     @property
     def participants(self) -> list[str]:
@@ -84,6 +90,15 @@ class Cluster:
     centroid: np.ndarray
     consumed_ts: datetime | None = None
     consumed_by: str | None = None
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any], *, consumption: bool = False) -> "Cluster":
+        """A cluster from its `clusters` row (with its consumption only when asked: the pool is loaded
+        as of the watermark, where it was not yet consumed)."""
+        return cls(id=r["id"], user_id=r["user_id"], session_id=r["session_id"], session_ts=r["session_ts"],
+                   member_ids=list(r["member_ids"]), centroid=np.asarray(r["centroid"], dtype=np.float32),
+                   consumed_ts=r["consumed_ts"] if consumption else None,
+                   consumed_by=r["consumed_by"] if consumption else None)
 
     def row(self, run_id: str) -> dict[str, Any]:
         return {
@@ -206,7 +221,8 @@ def merge_llm(state: ShardState, stats: LLMStats) -> None:
 
 def quarantine_work(state: ShardState, row: dict[str, Any], user: str, session_id: str, work: str) -> None:
     """A quarantine row for `commit`, leaving `work` of that session ("" for the user's own work:
-    summaries) pending for the next run: `extract`, `topics:<subject>` or `summarize`."""
+    summaries) pending for the next run: `extract`, `topics:<subject>`, `reason:<link id>` or
+    `summarize`."""
     state.quarantine.append(row)
     ids = state.quarantined_work.setdefault((user, session_id), {}).setdefault(work, [])
     if row["id"] not in ids:
@@ -265,9 +281,11 @@ def has_stored(state: ShardState, user: str) -> bool:
 
 
 def all_fragments(state: ShardState, store: Store) -> dict[str, dict[str, Any]]:
-    """New fragments plus the stored ones that pool clusters of this shard point to."""
+    """New fragments plus the stored ones the shard's links point to (pool clusters; both sides of a
+    link whose reason request is retried)."""
     frags = {f["id"]: f for f in state.fragments}
-    missing = sorted({fid for lk in state.links for fid in lk.pool.member_ids if fid not in frags})
+    missing = sorted({fid for lk in state.links for fid in (*lk.pool.member_ids, *lk.new.member_ids)
+                      if fid not in frags})
     if missing:
         for row in store.read_ids("fragments", missing).to_pylist():
             row["vector"] = np.asarray(row["vector"], dtype=np.float32)

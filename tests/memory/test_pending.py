@@ -164,6 +164,36 @@ def test_quarantined_topics_and_profile_are_retried(tmp_path: Path, failing: set
     unique_ids(store)
 
 
+def test_quarantined_reasoning_is_retried(tmp_path: Path, failing: set[tuple[str, str]],
+                                          consolidated_sample: tuple[Path, RunReport]) -> None:
+    """A linked pair whose reason answer is quarantined stays pending on its session; the next run asks
+    only those pairs again (no message, fragment or topic work) and ends with the clean run's insights."""
+    store = _ingested(tmp_path / "store")
+    failing.add(("reason", "alice"))
+    first = _run(store, "fails-chosen")
+    assert first.status == "quarantined" and first.outcome["pending"] >= 1
+    assert not _rows(store, "insights", user_id="alice")
+    held = _rows(store, "quarantine", stage="reason")
+    pending = [i for r in store.read("progress", "alice").to_pylist()
+               for i in json.loads(r["pending_json"] or "[]")]
+    assert pending and {i["work"] for i in pending} == {"reason"}
+    assert {i["subject"] for i in pending} == {q["source"] for q in held}        # one item per link id
+    fragments = {r["id"] for r in store.read("fragments").to_pylist()}
+
+    second = _run(store)
+    assert second.status == "completed" and second.outcome["recovered"] == first.outcome["pending"]
+    assert second.counts["messages"] == second.counts["fragments"] == 0
+    assert second.counts["links"] == len(held)
+    assert {r["id"] for r in store.read("fragments").to_pylist()} == fragments
+    clean = open_store(Settings(store=str(consolidated_sample[0])))
+    want = {r["id"] for r in _rows(clean, "insights", user_id="alice")}
+    assert want and {r["id"] for r in _rows(store, "insights", user_id="alice")} == want
+    assert {r["node_id"] for r in _rows(store, "graph_nodes", user_id="alice", kind="insight")} == want
+    assert not _rows(store, "quarantine", stage="reason")
+    assert _run(store).counts["sessions"] == 0
+    unique_ids(store)
+
+
 # -- (b) messages appended to a consolidated session ---------------------------------------------------
 def test_appended_messages_are_consolidated_and_retrievable(sample_store: Store, tmp_path: Path) -> None:
     store = sample_store
