@@ -260,8 +260,14 @@ def _update_round(state: ShardState, runner: LLMRunner, embedder: Embedder, bank
 
     merged_now: set[str] = set()
     to_embed: list[Topic] = []
+    # topics a run that died before its commit already merged: a late session's merge leaves its target
+    # dated at or before the watermark, so `load_bank` does not roll it back; it is not made again
+    merged_before = {(t.user_id, h["merged_id"]) for bank in banks.values() for t in bank for h in t.history
+                     if h.get("merged_id")}
     for s, it, cands, (action, index, summary) in decisions:
         bank = banks[s.user_id]
+        if (s.user_id, it["id"]) in merged_before:
+            continue
         target = cands[index][0] if action == "merge" and index is not None else None
         if target is not None and target.id not in merged_now and target.id != it["id"]:
             target.history.append({

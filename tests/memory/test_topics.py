@@ -17,7 +17,7 @@ from memory.llm.runner import LLMRunner, check
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
-from tests.helpers import SAMPLE, crash_before_watermarks, ingest_and_consolidate, split_sample
+from tests.helpers import SAMPLE, crash_before_watermarks, ingest_and_consolidate, killed_before, split_sample
 
 
 def test_merge_answers_are_parsed_strictly() -> None:
@@ -136,6 +136,29 @@ def test_crash_after_topics_before_watermarks_converges(clean: Store, tmp_path: 
     store = crash_before_watermarks(monkeypatch, ingest_and_consolidate(tmp_path / "crash", a, **MERGE_OFTEN), b,
                                     **MERGE_OFTEN)
     assert _snapshot(store) == _snapshot(clean)
+
+
+def test_crash_of_a_late_sessions_run_does_not_merge_twice(clean: Store, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A late session's merge leaves its target dated before the watermark, so the bank's roll-back
+    does not undo it; the re-run after a crash (everything but progress and watermarks written) must
+    not merge the same topic again."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    on_time, late = tmp_path / "on_time.jsonl", tmp_path / "late.jsonl"
+    on_time.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] != "alice-s2"))
+    late.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] == "alice-s2"))
+    stores = {}
+    for name in ("clean", "crash"):
+        store = stores[name] = ingest_and_consolidate(tmp_path / name, on_time, **MERGE_OFTEN)
+        ingest(store, late, "jsonl")
+        if name == "crash":
+            with killed_before(monkeypatch, "progress"):
+                consolidate(store, Settings(store=store.uri, **MERGE_OFTEN))
+        consolidate(store, Settings(store=store.uri, **MERGE_OFTEN))
+    merged = [h["merged_id"] for r in stores["crash"].read("topics").to_pylist()
+              for h in json.loads(r["history_json"]) if h["merged_session_id"] == "alice-s2"]
+    assert merged and len(merged) == len(set(merged))
+    assert _snapshot(stores["crash"]) == _snapshot(stores["clean"])
 
 
 @register_backend("bad-topic-merge")
