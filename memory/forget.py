@@ -25,7 +25,10 @@ How (exact, and linear in what it redoes, never quadratic):
    last, with an intent recorded first in `runs` (kind `forget`, status `started`, the scope and the
    message ids, never text): a forget that dies midway is completed by the next forget of that user.
 4. Purge (`memory.forget_purge`): compact the touched tables and remove every old version, unless
-   `keep_versions` (time travel kept; the forgotten text then stays in old versions).
+   `keep_versions` (time travel kept; the forgotten text then stays in old versions). The run is
+   recorded `purging` (with its tables, the ids dropped) before the purge and `completed` after it, so
+   a purge that fails (the write lease busy) or dies is finished by the next forget of any user,
+   even one that forgets nothing.
 
 The whole forget holds the store's run lease: during a consolidation it waits `run_lease_wait_s`,
 then raises `RunInProgressError`. Forgetting twice, or what does not exist, reports zero.
@@ -44,7 +47,7 @@ from lancedb.expr import col, lit
 
 from memory.embed import embedder_for
 from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, clear_pointers, feedback_ids, plan,
-                                 reranker_ids, rerun_state)
+                                 quarantine_ids, reranker_ids, rerun_state)
 from memory.forget_purge import dir_bytes, purge
 from memory.ids import make_id
 from memory.lease import run_lease
@@ -59,10 +62,6 @@ from memory.stages.shard import ShardState, StageContext, progress_id
 from memory.stages.topics import load_bank
 from memory.store import Store, user_filter
 from memory.text import turn_text
-
-#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`)
-SESSION_TASKS = ("extract", "topics")
-
 
 @dataclass
 class ForgetReport:
@@ -119,7 +118,7 @@ def forget(store: Store, settings: Settings, user_id: str, *, sessions: Iterable
         report = ForgetReport(run_id=run_id, user_id=scope.user_id, scope=scope.describe(),
                               messages=len(p.row_ids), keep_versions=keep_versions, bytes_before=bytes_before)
         touched: set[str] = set()
-        if not p.empty or unfinished:
+        if not p.empty or unfinished or quarantine_ids(store, p, {}):   # (a named row only quarantined)
             store.upsert("runs", [runs_row(report, "started", started_at, intent(p, recorded))])
             dels = deletions(store, p)
             state = rederive(RollbackView(store, dels), settings, p, run_id, report)
@@ -128,13 +127,31 @@ def forget(store: Store, settings: Settings, user_id: str, *, sessions: Iterable
         report.seconds = time.perf_counter() - start
         for row in unfinished[1:]:
             store.upsert("runs", [{**row, "status": "completed", "finished_at": datetime.now(timezone.utc)}])
-        store.upsert("runs", [runs_row(report, "completed", started_at, intent(p, recorded))])
-    if touched and not keep_versions:
-        purge(store, touched | {"runs"})
+        owed = [] if keep_versions else unpurged(store)
+        tables = set(touched).union(*(json.loads(r["counts_json"] or "{}").get("purge", []) for r in owed))
+        status = "purging" if tables and not keep_versions else "completed"
+        store.upsert("runs", [runs_row(report, status, started_at, done(intent(p, recorded)), tables)])
+    if status == "purging":   # recorded first: a purge that fails or dies is finished by the next forget
+        purge(store, tables | {"runs"})
         report.purged = True
+        now = datetime.now(timezone.utc)
+        store.upsert("runs", [{**r, "status": "completed", "finished_at": now} for r in owed] +
+                     [runs_row(report, "completed", started_at, done(intent(p, recorded)), tables)])
     report.bytes_after = dir_bytes(store.uri)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def unpurged(store: Store) -> list[dict[str, Any]]:
+    """`runs` rows of forgets (of any user) whose deletes are written and whose purge never finished."""
+    if not store.has_table("runs"):
+        return []
+    return store.read("runs", where=(col("kind") == lit("forget")) & (col("status") == lit("purging"))).to_pylist()
+
+
+def done(what: dict[str, Any]) -> dict[str, Any]:
+    """The intent as a finished forget keeps it: without the ids it forgot (counts say how many)."""
+    return {k: v for k, v in what.items() if k not in ("message_ids", "sessions")}
 
 
 # -- the intent: what a crashed forget left to do ---------------------------------------------------
@@ -165,9 +182,10 @@ def intent(p: Plan, recorded: dict[str, Any]) -> dict[str, Any]:
             "old_watermark": p.watermark[0].isoformat() if p.watermark else None}
 
 
-def runs_row(r: ForgetReport, status: str, started_at: datetime, what: dict[str, Any]) -> dict[str, Any]:
+def runs_row(r: ForgetReport, status: str, started_at: datetime, what: dict[str, Any],
+             purge_tables: Iterable[str] = ()) -> dict[str, Any]:
     counts = {"scope": r.scope, "intent": what, "deleted": r.deleted, "rederived": r.rederived,
-              "sessions_rerun": r.sessions_rerun, "messages": r.messages}
+              "sessions_rerun": r.sessions_rerun, "messages": r.messages, "purge": sorted(purge_tables)}
     return {"id": r.run_id, "kind": "forget", "status": status, "started_at": started_at,
             "finished_at": datetime.now(timezone.utc) if status == "completed" else None, "users": [r.user_id],
             "counts_json": json.dumps(counts, sort_keys=True), "llm_calls": r.llm_calls, "tokens_in": 0,
@@ -345,47 +363,6 @@ def pointer_resets(store: Store, user: str, name: str, hidden: set[str], dead: s
     if not rows:
         return []
     return clear_pointers(pa.Table.from_pylist(rows, schema=t.schema), dead).to_pylist()
-
-
-def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]:
-    """Quarantine rows of the forgotten messages (ingest rows whose raw record names one, or a session
-    left empty) and of the LLM work the re-derivation redoes (or that a deleted row came from)."""
-    if not store.has_table("quarantine"):
-        return set()
-    user = p.user_id
-    rows = store.read("quarantine", user, columns=["id", "stage", "source", "raw"]).to_pylist()
-    if p.remaining == 0:
-        return {r["id"] for r in rows}
-    gone_msgs, gone_sessions = set(p.message_ids), set(p.gone_sessions)
-    redone = {s["session_id"] for s in p.rerun} | gone_sessions
-    out = set()
-    for r in rows:
-        stage, source = r["stage"] or "", r["source"] or ""
-        if stage in SESSION_TASKS:
-            hit = source.split("/")[0] in redone
-        elif stage == "reason":
-            hit = source in dels.get("links", set())
-        elif stage in ("summarize", "profile"):
-            hit = p.rollback is not None
-        elif stage == "topic-merge":
-            hit = p.rollback is not None
-        else:
-            hit = _names_forgotten(r["raw"], gone_msgs, gone_sessions)
-        if hit:
-            out.add(r["id"])
-    return out
-
-
-def _names_forgotten(raw: str | None, messages: set[str], sessions: set[str]) -> bool:
-    """Whether a quarantined archive record (JSON) names a forgotten message or session."""
-    try:
-        rec = json.loads(raw or "")
-    except ValueError:
-        return False
-    if not isinstance(rec, dict):
-        return False
-    ids = {str(rec.get(k)) for k in ("message_id", "dia_id", "id") if rec.get(k) is not None}
-    return bool(ids & messages) or str(rec.get("session_id")) in sessions
 
 
 def cache_memory_ids(p: Plan) -> set[str]:

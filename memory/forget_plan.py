@@ -77,6 +77,9 @@ class Plan:
     # the user's rows the plan read, per table (`taint`'s; the ids of messages, sessions and watermarks
     # when nothing survives): `forget.rollback_ids` and `forget.deletions` reuse them, never read again
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # what the scope named, found or not: a named message may live only in the quarantine
+    named_messages: list[str] = field(default_factory=list)
+    named_sessions: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -162,7 +165,8 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
     affected |= set(rec.get("sessions", []))
     left = {k[0]: g for k, g in keep.group_by(["session_id"])} if keep.height else {}
     p = Plan(user_id=user, message_ids=sorted(f_ids), row_ids=sorted(_ids(chosen)), gone_sessions=[],
-             cut_sessions={}, remaining=keep.height)
+             cut_sessions={}, remaining=keep.height, named_messages=list(scope.messages),
+             named_sessions=list(scope.sessions))
     for s in sessions.iter_rows(named=True):
         sid = s["session_id"]
         if sid not in affected:
@@ -344,3 +348,57 @@ def clear_pointers(t: pa.Table, dead: set[str]) -> pa.Table:
                 i = t.column_names.index(c)
                 t = t.set_column(i, c, pc.if_else(hit, pa.nulls(t.num_rows, t.schema.field(c).type), t.column(c)))
     return t
+
+
+#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`)
+SESSION_TASKS = ("extract", "topics")
+
+
+def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]:
+    """Quarantine rows of the forgotten messages (ingest rows whose raw record or source names one, or a
+    session left empty; named in the scope, even if only the quarantine holds them) and of the LLM work
+    the re-derivation redoes (or that a deleted row came from)."""
+    if not store.has_table("quarantine"):
+        return set()
+    user = p.user_id
+    rows = store.read("quarantine", user, columns=["id", "stage", "source", "raw"]).to_pylist()
+    if p.remaining == 0:
+        return {r["id"] for r in rows}
+    gone_msgs = set(p.message_ids) | set(p.named_messages)
+    gone_sessions = set(p.gone_sessions) | set(p.named_sessions)
+    redone = {s["session_id"] for s in p.rerun} | gone_sessions
+    out = set()
+    for r in rows:
+        stage, source = r["stage"] or "", r["source"] or ""
+        if stage in SESSION_TASKS:
+            hit = source.split("/")[0] in redone
+        elif stage == "reason":
+            hit = source in dels.get("links", set())
+        elif stage in ("summarize", "profile"):
+            hit = p.rollback is not None
+        elif stage == "topic-merge":
+            hit = p.rollback is not None
+        else:
+            hit = _names_forgotten(r["raw"], gone_msgs, gone_sessions) or _source_names(source, user, gone_sessions)
+        if hit:
+            out.add(r["id"])
+    return out
+
+
+def _names_forgotten(raw: str | None, messages: set[str], sessions: set[str]) -> bool:
+    """Whether a quarantined archive record (JSON) names a forgotten message or session."""
+    try:
+        rec = json.loads(raw or "")
+    except ValueError:
+        return False
+    if not isinstance(rec, dict):
+        return False
+    ids = {str(rec.get(k)) for k in ("message_id", "dia_id", "id") if rec.get(k) is not None}
+    return bool(ids & messages) or str(rec.get("session_id")) in sessions
+
+
+def _source_names(source: str, user: str, sessions: set[str]) -> bool:
+    """Whether a quarantined turn's `source` (`archive:user/session/turn`, as the LoCoMo and
+    LongMemEval readers write it) names a forgotten session: its raw record does not carry the id."""
+    at = source.find(f":{user}/")
+    return at >= 0 and source[at + len(user) + 2:].rpartition("/")[0] in sessions

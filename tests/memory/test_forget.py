@@ -167,6 +167,55 @@ def test_crash_midway_is_completed_by_the_next_forget(canary_store: Path, tmp_pa
     assert consolidate(store, s).counts.get("sessions", 0) == 0
 
 
+def test_a_purge_that_fails_is_finished_by_the_next_forget(canary_store: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deletes are written, the purge dies: the run stays `purging` and the next forget (even one
+    that finds nothing to delete) purges; the finished run keeps no forgotten message id."""
+    import memory.forget
+
+    store, s, root = fresh(canary_store, tmp_path)
+
+    def dies(*_: Any) -> None:
+        raise Killed("purge")
+
+    with monkeypatch.context() as m:
+        m.setattr(memory.forget, "purge", dies)
+        with pytest.raises(Killed):
+            forget(store, s, "alice", sessions=["alice-s2"])
+    assert store.read("runs", where=col("status") == lit("purging")).num_rows == 1
+    assert occurrences(root, SESSION_CANARY) > 0       # deleted, still in old versions
+    again = forget(store, s, "alice", sessions=["alice-s2"])
+    assert again.messages == 0 and again.purged
+    assert occurrences(root, SESSION_CANARY) == 0
+    runs = store.read("runs", where=col("kind") == lit("forget")).to_pylist()
+    assert [r["status"] for r in runs] == ["completed", "completed"]
+    assert not any("alice-s2-m" in (r["counts_json"] or "") for r in runs)
+
+
+def test_quarantined_rows_of_forgotten_messages_and_sessions_go(canary_store: Path, tmp_path: Path) -> None:
+    """A named message that only the quarantine holds (its timestamp did not parse), and a LoCoMo turn
+    quarantined without its session id in the raw record (the session is in its source), go too."""
+    store, s, root = fresh(canary_store, tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"user_id": "alice", "session_id": "alice-s1", "message_id": "alice-s1-m99",
+                               "speaker": "Alice", "text": "QUARCANARY31", "timestamp": "yesterday-ish"}) + "\n")
+    ingest(store, bad, "jsonl")
+    assert occurrences(root, "QUARCANARY31") > 0
+    report = forget(store, s, "alice", messages=["alice-s1-m99"])
+    assert report.messages == 0 and report.deleted["quarantine"] == 1 and report.purged
+    assert occurrences(root, "QUARCANARY31") == 0
+
+    locomo = tmp_path / "loco.json"
+    locomo.write_text(json.dumps([{"sample_id": "ann", "conversation": {
+        "speaker_a": "Ann", "speaker_b": "Bo", "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I moved to Lisbon."},
+                      {"speaker": "Ann", "text": "My bank PIN is LOCOCANARY27."}]}}]))
+    ingest(store, locomo, "locomo")
+    assert occurrences(root, "LOCOCANARY27") > 0
+    assert forget(store, s, "ann", sessions=["session_1"]).deleted["quarantine"] == 1
+    assert occurrences(root, "LOCOCANARY27") == 0
+
+
 def test_forget_waits_for_a_running_consolidation(canary_store: Path, tmp_path: Path) -> None:
     store, s, _ = fresh(canary_store, tmp_path)
     with run_lease_held(store.uri), pytest.raises(RunInProgressError):
