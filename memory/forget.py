@@ -63,6 +63,9 @@ from memory.stages.topics import load_bank
 from memory.store import Store, user_filter
 from memory.text import turn_text
 
+#: the tables a live append writes (under the write lease; its quarantine rows `quarantine_ids` reads there)
+APPENDED_TABLES = ("messages", "sessions")
+
 @dataclass
 class ForgetReport:
     """What one forget did: rows deleted and re-derived per table, LLM use, bytes, time."""
@@ -257,6 +260,10 @@ def write(store: Store, p: Plan, dels: dict[str, set[str]], state: ShardState | 
     """Every write of one forget (the caller holds the write lease); returns the tables touched."""
     user = p.user_id
     dels = {k: set(v) for k, v in dels.items()}
+    if p.whole_user:   # the tables appends write, read again under the write lease: their rows since the plan go too
+        for name in APPENDED_TABLES:
+            if store.has_table(name):
+                dels.setdefault(name, set()).update(store.read(name, user, columns=["id"]).column("id").to_pylist())
     rewritten = {name: {r["id"] for r in rows} for name, rows in (state.extra if state else {}).items()}
     if state is not None:
         for name, rows in (("fragments", state.fragments), ("insights", state.insights)):

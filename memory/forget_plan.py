@@ -80,6 +80,7 @@ class Plan:
     # what the scope named, found or not: a named message may live only in the quarantine
     named_messages: list[str] = field(default_factory=list)
     named_sessions: list[str] = field(default_factory=list)
+    whole_user: bool = False
 
     @property
     def empty(self) -> bool:
@@ -166,7 +167,7 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
     left = {k[0]: g for k, g in keep.group_by(["session_id"])} if keep.height else {}
     p = Plan(user_id=user, message_ids=sorted(f_ids), row_ids=sorted(_ids(chosen)), gone_sessions=[],
              cut_sessions={}, remaining=keep.height, named_messages=list(scope.messages),
-             named_sessions=list(scope.sessions))
+             named_sessions=list(scope.sessions), whole_user=scope.whole_user)
     for s in sessions.iter_rows(named=True):
         sid = s["session_id"]
         if sid not in affected:

@@ -13,7 +13,7 @@ from lancedb.expr import col, lit
 from evaluation.forget import BACKEND as CACHED_RULES   # `rules` answered through a live backend's path
 from memory.errors import RunInProgressError
 from memory.forget import forget
-from memory.ingest import ingest
+from memory.ingest import append, ingest
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
@@ -141,15 +141,36 @@ def test_forget_user_keeps_other_users(canary_store: Path, tmp_path: Path, embed
     assert forget(store, s, "alice").messages == 0
 
 
+def test_whole_user_forget_takes_rows_appended_after_its_plan(canary_store: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live append (it takes only the write lease) that lands between the plan and the writes is
+    forgotten with the rest of the user: no orphan message survives."""
+    import memory.forget
+
+    store, s, root = fresh(canary_store, tmp_path)
+    planned = memory.forget.deletions
+
+    def append_meanwhile(st: Store, p: Any) -> dict[str, set[str]]:
+        append(open_store(s), "alice", [{"session_id": "alice-s9", "message_id": "alice-s9-m01", "speaker": "Alice",
+                                         "text": "My PIN is LATECANARY55.", "timestamp": "2024-04-20T10:00:00Z"}])
+        return planned(st, p)
+
+    monkeypatch.setattr(memory.forget, "deletions", append_meanwhile)
+    forget(store, s, "alice")
+    assert not store.count_by_user("messages").get("alice") and not store.count_by_user("sessions").get("alice")
+    assert occurrences(root, "LATECANARY55") == 0
+
+
 def test_whole_user_forget_reads_each_planned_table_once(canary_store: Path, tmp_path: Path,
                                                          store_reads: list[str]) -> None:
-    """The whole-user deletions take the ids the plan read (`Plan.rows`), not another read of each table."""
+    """The whole-user deletions take the ids the plan read (`Plan.rows`), not another read of each table;
+    only the tables live appends write are read again, under the write lease."""
     store, s, _ = fresh(canary_store, tmp_path)
     store_reads.clear()
     assert forget(store, s, "alice", keep_versions=True).deleted["fragments"] > 0   # the purge reads aside
-    planned = ("messages", "sessions", "watermarks", "fragments", "insights", "clusters", "links", "topics",
-               "summaries", "graph_nodes")
+    planned = ("watermarks", "fragments", "insights", "clusters", "links", "topics", "summaries", "graph_nodes")
     assert {name: store_reads.count(name) for name in planned} == dict.fromkeys(planned, 1)
+    assert {name: store_reads.count(name) for name in ("messages", "sessions")} == {"messages": 2, "sessions": 2}
     assert store_reads.count("observations") <= 1
     assert not any(store.read(name, "alice").num_rows for name in planned)
 
