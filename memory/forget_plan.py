@@ -220,18 +220,27 @@ def feedback_ids(store: Store, user: str, gone: set[str]) -> set[str]:
 
 
 def reranker_ids(store: Store, user: str, feedback: set[str]) -> set[str]:
-    """Reranker versions trained on deleted feedback: the user's own, and global versions trained on
-    feedback at least as new as the oldest deleted row (the nightly train retrains from the version
-    before them on what survives)."""
+    """Reranker versions trained on deleted feedback: the user's own; global versions trained on
+    feedback at least as new as the oldest deleted row; and every version of another user whose first
+    version started from one of those global ones (`metrics.from_version`; later versions descend from
+    it). The nightly train retrains from the version before them on what survives."""
     if not feedback or not store.has_table("rerankers"):
         return set()
     rows = store.read("feedback", where=col("id").isin(sorted(feedback)), columns=["created_at"]).to_pylist()
     oldest = min((r["created_at"] for r in rows), default=None)
-    out = set()
-    for r in store.read("rerankers", columns=["id", "scope", "user_id", "feedback_until"]).to_pylist():
-        if r["scope"] == f"user:{user}" or (oldest is not None and r["feedback_until"] is not None
-                                            and r["feedback_until"] >= oldest):
-            out.add(r["id"])
+    versions = store.read("rerankers", columns=["id", "scope", "version", "feedback_until", "metrics_json"]).to_pylist()
+    out = {r["id"] for r in versions if r["scope"] == f"user:{user}"}
+    gone_global = {r["version"] for r in versions if r["scope"] == "global" and oldest is not None
+                   and r["feedback_until"] is not None and r["feedback_until"] >= oldest}
+    out |= {r["id"] for r in versions if r["scope"] == "global" and r["version"] in gone_global}
+    lineages: dict[str, list[dict[str, Any]]] = {}
+    for r in versions:
+        if r["scope"].startswith("user:") and r["scope"] != f"user:{user}":
+            lineages.setdefault(r["scope"], []).append(r)
+    for rows_of_scope in lineages.values():
+        first = min(rows_of_scope, key=lambda r: r["version"])
+        if json.loads(first["metrics_json"] or "{}").get("from_version") in gone_global:
+            out |= {r["id"] for r in rows_of_scope}
     return out
 
 

@@ -70,14 +70,18 @@ def train_reranker(
                                          "[default: settings rerank_epochs]"),
 ) -> None:
     """Train the next reranker version from the feedback newer than the last one (the flow's
-    `train` task, alone)."""
+    `train` task, alone), holding the store's run lease like a consolidation: a forget cannot delete
+    feedback while a version is trained on it."""
+    from memory.lease import run_lease
     from memory.runs import new_run_id
     from retrieval.rerank import TrainConfig, train_reranker as train
 
-    r = open_retriever(settings_of(ctx))
+    settings = settings_of(ctx)
+    r = open_retriever(settings)
     cfg = TrainConfig.from_settings(r.settings, epochs=epochs)
-    for rep in train(r, scope=scope, cfg=cfg, run_id=new_run_id("train")):
-        typer.echo(rep.summary())
+    with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
+        for rep in train(r, scope=scope, cfg=cfg, run_id=new_run_id("train")):
+            typer.echo(rep.summary())
 
 
 def register(app: typer.Typer) -> None:

@@ -46,6 +46,9 @@ def test_cli_exits_75_while_a_consolidation_runs(sample_store: Store) -> None:
         out = invoke("--store", sample_store.uri, "forget", "alice")
     assert out.exit_code == 75, out.output
     assert sample_store.read("messages", "alice").num_rows > 0
+    with run_lease_held(sample_store.uri):   # training waits too: a forget may be deleting its feedback
+        out = invoke("--store", sample_store.uri, "train-reranker")
+    assert out.exit_code == 75, out.output
 
 
 def test_http_forget_routes(sample_store: Store, embedder: Embedder,

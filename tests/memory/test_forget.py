@@ -279,14 +279,17 @@ def test_feedback_on_deleted_memories_and_rerankers_trained_on_it_go(canary_stor
     hit = r.feedback("alice", "what is my cat called?", shown_ids=s1[:1] + s2, cited_ids=s2)["id"]
     kept = r.feedback("alice", "what do I play?", shown_ids=s1, cited_ids=s1[:1])["id"]
     now = datetime.now(timezone.utc)
-    versions = [{"id": f"rr-{scope}-{i}", "version": i, "scope": scope, "user_id": None, "created_at": now,
-                 "dim": store.dim, "weights": b"", "sha256": "", "feedback_until": until, "metrics_json": "{}",
-                 "run_id": "test"}
-                for i, (scope, until) in enumerate([("global", now - timedelta(days=1)), ("global", now + timedelta(seconds=1)),
-                                                    ("user:alice", now - timedelta(days=1))], start=1)]
-    store.upsert("rerankers", versions)
+    later, earlier = now + timedelta(seconds=1), now - timedelta(days=1)
+    # (scope, version, trained on feedback until, started from): global 2 saw the deleted feedback; bob's
+    # first version started from it (his second descends from that); carol's from global 1, which stays
+    lineage = [("global", 1, earlier, 0), ("global", 2, later, 1), ("user:alice", 1, earlier, 1),
+               ("user:bob", 1, later, 2), ("user:bob", 2, later, 1), ("user:carol", 1, later, 1)]
+    store.upsert("rerankers", [{
+        "id": f"rr-{scope}-{v}", "version": v, "scope": scope, "user_id": scope.partition(":")[2] or None,
+        "created_at": now, "dim": store.dim, "weights": b"", "sha256": "", "feedback_until": until,
+        "metrics_json": json.dumps({"from_version": start}), "run_id": "test"} for scope, v, until, start in lineage])
     report = forget(store, s, "alice", sessions=["alice-s2"])
-    assert report.deleted["feedback"] == 1 and report.deleted["rerankers"] == 2
+    assert report.deleted["feedback"] == 1 and report.deleted["rerankers"] == 4
     left = set(store.read("feedback", columns=["id"]).column("id").to_pylist())
     assert hit not in left and kept in left
-    assert set(store.read("rerankers", columns=["id"]).column("id").to_pylist()) == {"rr-global-1"}
+    assert set(store.read("rerankers", columns=["id"]).column("id").to_pylist()) == {"rr-global-1", "rr-user:carol-1"}
