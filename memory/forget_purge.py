@@ -49,6 +49,7 @@ def purge(store: Store, touched: Iterable[str]) -> list[str]:
                 tbl.checkout_latest()
                 if tbl.count_rows() and tbl.stats()["fragment_stats"]["num_fragments"] == 1:
                     nudge(store, name)
+                store.reindex_users(name)
             # every table, even an empty one (-1), and every version but the latest (0); failures raise
             store.optimize_table(name, min_fragments=-1, cleanup_older_than_s=0, delete_unverified=True)
         if name in touched:

@@ -281,6 +281,15 @@ class Store:
                 tbl.optimize(cleanup_older_than=older, delete_unverified=delete_unverified)
         return True
 
+    def reindex_users(self, name: str) -> None:
+        """Build the table's `user_id` index again from its live rows (a forget's purge: the index made
+        before it still lists the forgotten user's id), when the table has one."""
+        with self.write_lease():
+            tbl = self.table(name)
+            tbl.checkout_latest()
+            if any("user_id" in idx.columns for idx in tbl.list_indices()):
+                tbl.create_scalar_index("user_id", index_type="BTREE", replace=True)
+
     def data_files(self) -> dict[str, tuple[int, int]]:
         """(data fragments, bytes) of the latest version of every table: what compaction keeps bounded."""
         out = {}

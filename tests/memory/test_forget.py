@@ -136,6 +136,8 @@ def test_forget_user_keeps_other_users(canary_store: Path, tmp_path: Path, embed
     for name in ("messages", "sessions", "fragments", "insights", "topics", "summaries", "graph_nodes",
                  "progress", "watermarks", "clusters"):
         assert "alice" not in store.count_by_user(name), name
+    indices = [f for f in root.rglob("*") if f.is_file() and "_indices" in f.parts]
+    assert indices and not any(b"alice" in f.read_bytes() for f in indices)    # user_id indexes rebuilt
     after = Retriever(store, s, embedder).retrieve("bob", "what do I call my bike?", k=10).ids
     assert after == before
     assert forget(store, s, "alice").messages == 0
