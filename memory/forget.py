@@ -242,7 +242,7 @@ def deletions(store: Store, p: Plan) -> dict[str, set[str]]:
     quarantine and cache, which depend on what the re-derivation rewrites)."""
     user = p.user_id
     dels: dict[str, set[str]] = {}
-    if p.remaining == 0:   # nothing of the user survives: every row of the user goes (the tables the
+    if p.nothing_survives:   # every row of the user goes (the tables the
         for name in USER_TABLES:   # plan read come from `p.rows`, the others from the store)
             if store.has_table(name):
                 rows = p.rows[name] if name in p.rows else store.read(name, user, columns=["id"]).to_pylist()
@@ -277,7 +277,7 @@ def write(store: Store, p: Plan, dels: dict[str, set[str]], state: ShardState | 
     dels["feedback"] = dels.get("feedback", set()) | feedback_ids(store, user, gone_memories)
     dels["rerankers"] = reranker_ids(store, user, dels["feedback"])
     dels["quarantine"] = quarantine_ids(store, p, dels)
-    whole = p.remaining == 0          # the whole user's entries go: no memory ids to look up
+    whole = p.nothing_survives          # the whole user's entries go: no memory ids to look up
     dels["llm_cache"] = set(ResponseCache(store).forget_rows(user, p.message_ids,
                                                              set() if whole else cache_memory_ids(p), whole_user=whole))
     touched = {name for name, ids in dels.items() if ids}

@@ -83,6 +83,12 @@ class Plan:
     whole_user: bool = False
 
     @property
+    def nothing_survives(self) -> bool:
+        """Whether every row of the user goes: the whole user, or every message it has (not a forget
+        that found none of what it named in a user with no messages)."""
+        return self.whole_user or (self.remaining == 0 and bool(self.message_ids))
+
+    @property
     def empty(self) -> bool:
         return not self.message_ids and self.rollback is None
 
@@ -372,7 +378,7 @@ def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]
         return set()
     user = p.user_id
     rows = store.read("quarantine", user, columns=["id", "stage", "source", "raw"]).to_pylist()
-    if p.remaining == 0:
+    if p.nothing_survives:
         return {r["id"] for r in rows}
     gone_msgs = set(p.message_ids) | set(p.named_messages)
     gone_sessions = set(p.gone_sessions) | set(p.named_sessions)
@@ -408,7 +414,9 @@ def _names_forgotten(raw: str | None, messages: set[str], sessions: set[str]) ->
 
 
 def _source_names(source: str, user: str, sessions: set[str]) -> bool:
-    """Whether a quarantined turn's `source` (`archive:user/session/turn`, as the LoCoMo and
-    LongMemEval readers write it) names a forgotten session: its raw record does not carry the id."""
+    """Whether a quarantined turn's or session's `source` (`archive:user/session/turn` or
+    `archive:user/session`, as the LoCoMo and LongMemEval readers write them) names a forgotten
+    session: its raw record does not carry the id."""
     at = source.find(f":{user}/")
-    return at >= 0 and source[at + len(user) + 2:].rpartition("/")[0] in sessions
+    rest = source[at + len(user) + 2:] if at >= 0 else ""
+    return bool(rest) and (rest in sessions or rest.rpartition("/")[0] in sessions)

@@ -131,10 +131,10 @@ def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
         return None  # generic archives promise ISO 8601: do not guess
     import dateparser
 
-    parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
     try:
+        parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
         return _utc(parsed) if parsed else None
-    except OverflowError:
+    except (OverflowError, ValueError):   # its own time zone shift can leave years 1-9999 too
         return None
 
 

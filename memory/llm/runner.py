@@ -262,9 +262,12 @@ def check(text: str | None, schema: dict[str, Any],
         return None, f"not valid JSON: {exc}"
     except RecursionError:   # "[[[[..." deeper than the parser's recursion limit
         return None, "not valid JSON: nested too deeply"
-    err = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(answer))
-    if err is not None:
-        return None, f"schema violation at {err.json_path}: {err.message}"[:_ERR_QUOTE]
+    try:
+        err = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(answer))
+        if err is not None:
+            return None, f"schema violation at {err.json_path}: {err.message}"[:_ERR_QUOTE]
+    except RecursionError:   # nested just under the parser's limit: the validator's message recurses
+        return None, "schema violation: nested too deeply"
     if validate is not None:
         try:
             validate(answer)

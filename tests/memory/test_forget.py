@@ -232,11 +232,22 @@ def test_quarantined_rows_of_forgotten_messages_and_sessions_go(canary_store: Pa
     locomo.write_text(json.dumps([{"sample_id": "ann", "conversation": {
         "speaker_a": "Ann", "speaker_b": "Bo", "session_1_date_time": "1:56 pm on 8 May, 2023",
         "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I moved to Lisbon."},
-                      {"speaker": "Ann", "text": "My bank PIN is LOCOCANARY27."}]}}]))
+                      {"speaker": "Ann", "text": "My bank PIN is LOCOCANARY27."}],
+        "session_2_date_time": "2:00 pm on 9 May, 2023",   # a whole session quarantined (not a list)
+        "session_2": {"speaker": "Ann", "dia_id": "D2:1", "text": "My locker is LOCOCANARY28."}}}]))
     ingest(store, locomo, "locomo")
-    assert occurrences(root, "LOCOCANARY27") > 0
-    assert forget(store, s, "ann", sessions=["session_1"]).deleted["quarantine"] == 1
-    assert occurrences(root, "LOCOCANARY27") == 0
+    assert occurrences(root, "LOCOCANARY27") > 0 and occurrences(root, "LOCOCANARY28") > 0
+    assert forget(store, s, "ann", sessions=["session_1", "session_2"]).deleted["quarantine"] == 2
+    assert occurrences(root, "LOCOCANARY27") == 0 and occurrences(root, "LOCOCANARY28") == 0
+
+    # a user only the quarantine knows: a named forget takes the named row, not all of the user's
+    carol = tmp_path / "carol.jsonl"
+    carol.write_text("".join(json.dumps({"user_id": "carol", "session_id": "c-s1", "message_id": f"c-m{i}",
+                                         "speaker": "Carol", "text": "hi", "timestamp": "soon"}) + "\n"
+                             for i in range(3)))
+    ingest(store, carol, "jsonl")
+    assert forget(store, s, "carol", messages=["c-m0"]).deleted["quarantine"] == 1
+    assert store.read("quarantine", "carol").num_rows == 2
 
 
 def test_forget_waits_for_a_running_consolidation(canary_store: Path, tmp_path: Path) -> None:

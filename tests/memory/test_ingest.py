@@ -396,6 +396,12 @@ def test_a_session_that_is_not_a_list_is_quarantined(tmp_path: Path, store: Stor
     assert row["user_id"] == "conv-y" and row["source"] == "loco.json:conv-y/session_2"
     assert json.loads(row["raw"])["text"] == "not in a list"
 
+    late = [{"sample_id": "conv-z", "conversation": {     # its time zone moves it past year 9999
+        "session_1_date_time": "11:30 pm on 31 December, 9999 EST",
+        "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "Hello"}]}}]
+    path.write_text(json.dumps(late))
+    assert read_archive(path, "locomo").quarantine[0]["reason"].startswith("unparsable timestamp")
+
     lme = [{"question_id": "q9", "haystack_session_ids": ["a", "b"],
             "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/21 (Sun) 02:21"],
             "haystack_sessions": [[{"role": "user", "content": "hi"}], "a string, not a list"]}]
