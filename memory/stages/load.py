@@ -123,7 +123,8 @@ def add_sessions(store: Store, state: ShardState, user: str, planned: list[Plann
     embedded, the others keep their stored vectors (carried in the session's messages)."""
     msgs = frame(store.read("messages", user)).filter(
         pl.col("session_id").is_in([p[0]["session_id"] for p in planned])).sort(["session_id", "seq"])
-    obs = frame(store.read("observations", user)) if any(p[0]["observed"] for p in planned) else None
+    obs = (frame(store.read("observations", user))
+           if any(p[0]["observed"] and p[1] not in ("topics", "reason") for p in planned) else None)
     by_session = {k[0]: g for k, g in msgs.group_by(["session_id"], maintain_order=True)}
     for s, mode, start, end, retrying in planned:
         group = by_session.get(s["session_id"])
@@ -135,7 +136,7 @@ def add_sessions(store: Store, state: ShardState, user: str, planned: list[Plann
         elif mode == "full":
             state.message_rows.extend(r for r in rows if r["vector"] is None)
         observations = None
-        if s["observed"] and obs is not None and mode != "topics":
+        if s["observed"] and obs is not None and mode not in ("topics", "reason"):
             observations = obs.filter(pl.col("session_id") == s["session_id"]).to_dicts()
             if mode == "full":  # a reopened session: the observations of its new messages
                 ids = {r["message_id"] for r in rows}
@@ -166,7 +167,8 @@ def read_progress(store: Store, user: str) -> dict[str, dict[str, Any]]:
 def plan_session(s: dict[str, Any], known: dict[str, dict[str, Any]],
                  watermark: datetime) -> tuple[str, int, int | None, list[dict[str, Any]]] | None:
     """(mode, first seq, end seq or None, items retried) for one session row, or None when it owes
-    nothing. Mode `new` is a first consolidation, `full` a reopened session, `topics` a topic retry."""
+    nothing. Mode `new` is a first consolidation, `full` a reopened session, `topics` a topic retry
+    (with the session's pending reason links), `reason` a retry of those links alone."""
     p = known.get(s["session_id"]) if s["ts"] <= watermark else None
     if p is None:
         return "new", 0, None, []

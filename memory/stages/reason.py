@@ -43,10 +43,13 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
                         add_rows(state, "fragments", closed)
             by_link = {lk.id: lk for lk in state.links}
             mine = {(s.user_id, s.session_id) for s in state.sessions}
+            retried = {i: s.session_id for s in state.sessions for i in s.reason_links}
             for q in bad:
                 lk = by_link[q.request.context["link_id"]]
-                # pending on the side this shard consolidates (a late session's link: the pool side)
-                sid = lk.new.session_id if (lk.new.user_id, lk.new.session_id) in mine else lk.pool.session_id
+                # pending where it was (a retry), else on the side this shard consolidates (a late
+                # session's link to a later session: the pool side)
+                sid = retried.get(lk.id) or (lk.new.session_id if (lk.new.user_id, lk.new.session_id) in mine
+                                             else lk.pool.session_id)
                 quarantine_work(state, q.row(lk.new.user_id, state.run_id, lk.id), lk.new.user_id, sid,
                                 f"reason:{lk.id}")
             state.insights = list({r["id"]: r for r in state.insights}.values())

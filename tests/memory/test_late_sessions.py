@@ -12,6 +12,8 @@ import pytest
 
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
+from memory.stages.reason import pair_context
+from memory.stages.shard import Cluster, Link, ShardState, all_fragments
 from memory.store import Store
 from tests.helpers import SAMPLE, ingest_and_consolidate
 
@@ -50,6 +52,21 @@ def test_late_session_is_consolidated_by_the_next_run(stores: dict[str, Any]) ->
     fresh = {f["id"] for f in stores["fresh"].read("fragments", "alice", columns=["id"]).to_pylist()}
     assert {f["id"] for f in frags} == fresh                 # the same fragments as on time
     assert store.read("fragments", "alice").num_rows > stores["before"]["fragments"]
+
+
+def test_reason_requests_quote_both_sides_of_every_link(stores: dict[str, Any]) -> None:
+    """A late session's link to a later session's cluster (stored, not in the shard) is reasoned over
+    with both clusters' fragments: `all_fragments` loads the stored side of either end."""
+    store = stores["store"]
+    clusters = {c["id"]: Cluster.from_row(c) for c in store.read("clusters", "alice").to_pylist()}
+    links = [Link(pool=clusters[r["pool_cluster_id"]], new=clusters[r["new_cluster_id"]], similarity=r["similarity"])
+             for r in store.read("links", "alice").to_pylist()]
+    assert any(lk.pool.session_id == LATE for lk in links)          # links from the late session onward
+    state = ShardState(run_id="t", users=["alice"], links=links)
+    fragments = all_fragments(state, store)
+    for lk in links:
+        pair = pair_context(lk, fragments)
+        assert pair["earlier"] and pair["later"], lk.id
 
 
 def test_graph_in_time_order(stores: dict[str, Any]) -> None:

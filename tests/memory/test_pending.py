@@ -194,6 +194,36 @@ def test_quarantined_reasoning_is_retried(tmp_path: Path, failing: set[tuple[str
     unique_ids(store)
 
 
+def test_a_late_sessions_pending_link_stays_on_it_when_the_later_side_reopens(
+        tmp_path: Path, failing: set[tuple[str, str]]) -> None:
+    """A late session's links to later sessions' clusters are pending on the late session; a retry
+    quarantined again stays there (one more attempt), even when the later session is in the shard too."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["user_id"] == "alice"]
+    on_time, late = tmp_path / "on_time.jsonl", tmp_path / "late.jsonl"
+    on_time.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] != "alice-s2"))
+    late.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] == "alice-s2"))
+    store = open_store(Settings(store=str(tmp_path / "store")))
+    ingest(store, on_time, "jsonl")
+    _run(store)
+    ingest(store, late, "jsonl")
+    failing.add(("reason", "alice"))
+    _run(store, "fails-chosen")
+    links = {r["id"]: r["session_id"] for r in store.read("links", "alice").to_pylist()}
+
+    def pending() -> dict[str, tuple[str, int]]:
+        return {i["subject"]: (r["session_id"], i["attempts"]) for r in store.read("progress", "alice").to_pylist()
+                for i in json.loads(r["pending_json"] or "[]")}
+
+    later = {k: v for k, v in pending().items() if links[k] != "alice-s2"}   # new side: a later session
+    assert later and all(sid == "alice-s2" and n == 1 for sid, n in later.values())
+    _append(store, tmp_path, [{"session_id": links[next(iter(later))], "message_id": "alice-late-m99",
+                               "speaker": "Alice", "text": "By the way, I also started learning Spanish.",
+                               "timestamp": "2024-03-30T23:59:00Z"}])
+    _run(store, "fails-chosen")
+    assert {k: pending()[k] for k in later} == {k: ("alice-s2", 2) for k in later}
+
+
 # -- (b) messages appended to a consolidated session ---------------------------------------------------
 def test_appended_messages_are_consolidated_and_retrievable(sample_store: Store, tmp_path: Path) -> None:
     store = sample_store
