@@ -84,8 +84,7 @@ class Plan:
 
     @property
     def nothing_survives(self) -> bool:
-        """Whether every row of the user goes: the whole user, or every message it has (not a forget
-        that found none of what it named in a user with no messages)."""
+        """Whether every row of the user goes: the whole user, or every message it has (if any)."""
         return self.whole_user or (self.remaining == 0 and bool(self.message_ids))
 
     @property
@@ -240,9 +239,8 @@ def reranker_ids(store: Store, user: str, feedback: set[str]) -> set[str]:
                    and r["feedback_until"] is not None and r["feedback_until"] >= oldest}
     out |= {r["id"] for r in versions if r["scope"] == "global" and r["version"] in gone_global}
     lineages: dict[str, list[dict[str, Any]]] = {}
-    for r in versions:
-        if r["scope"].startswith("user:") and r["scope"] != f"user:{user}":
-            lineages.setdefault(r["scope"], []).append(r)
+    for r in (r for r in versions if r["scope"].startswith("user:") and r["scope"] != f"user:{user}"):
+        lineages.setdefault(r["scope"], []).append(r)
     for rows_of_scope in lineages.values():
         first = min(rows_of_scope, key=lambda r: r["version"])
         if json.loads(first["metrics_json"] or "{}").get("from_version") in gone_global:
