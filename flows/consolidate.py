@@ -25,12 +25,12 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.ephemeral import reap_orphans, start_recorded
-from memory.embed import embedder_for
+from memory.embed import check_embedder, embedder_for
 from memory.errors import LLMTransientError
 from memory.ingest import ingest
 from memory.lease import run_lease
 from memory.pipeline import has_work
-from memory.runs import check_embedder, compact, compacted_tables, new_report, open_store, plan_shards
+from memory.runs import compact, compacted_tables, new_report, open_store, plan_shards
 from memory.settings import Settings, load_settings
 from memory.stages import STAGES, stage
 from memory.stages.commit import commit

@@ -13,12 +13,15 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from functools import lru_cache
-from typing import Callable, get_args
+from typing import TYPE_CHECKING, Callable, get_args
 
 import numpy as np
 
 from memory.errors import ConfigError, EmbedderMismatchError, UnknownBackendError
 from memory.settings import Settings
+
+if TYPE_CHECKING:
+    from memory.store import Store
 
 #: the backends a sentence-transformers model can run on (Settings.embed_backend)
 BACKENDS: tuple[str, ...] = get_args(Settings.model_fields["embed_backend"].annotation)
@@ -170,3 +173,22 @@ def check_vectors_match(recorded: str | None, embedder: Embedder) -> None:
     (None: nothing recorded yet); raises EmbedderMismatchError naming both when `embedder` differs."""
     if recorded is not None and recorded != embedder.model_name:
         raise EmbedderMismatchError(recorded, embedder.model_name)
+
+
+def recorded_embedder(store: "Store") -> str | None:
+    """The embedder (`embed_model`) that wrote the store's message vectors; None before any was written.
+    One row is read (the first message with a vector): every run checks it, so they all agree."""
+    if not store.has_table("messages"):
+        return None
+    from lancedb.expr import col, lit
+
+    t = (store.table("messages").search().where(col("embed_model") != lit(""))  # NULL != '' is not true
+         .select(["embed_model"]).limit(1).to_arrow())
+    return str(t.column("embed_model")[0].as_py()) if t.num_rows else None
+
+
+def check_embedder(store: "Store", embedder: Embedder) -> None:
+    """Refuse to write (consolidate, forget) or search a store with another embedder than the one
+    that wrote its vectors (`EmbedderMismatchError` naming both): vectors of two embedders are not
+    comparable."""
+    check_vectors_match(recorded_embedder(store), embedder)

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 from lancedb.expr import col, lit
 
-from memory.embed import embedder_for
+from memory.embed import check_embedder, embedder_for
 from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, clear_pointers, feedback_ids, plan,
                                  quarantine_ids, reranker_ids, rerun_state)
 from memory.forget_purge import dir_bytes, purge
@@ -114,6 +114,7 @@ def forget(store: Store, settings: Settings, user_id: str, *, sessions: Iterable
     started_at = datetime.now(timezone.utc)
     bytes_before = dir_bytes(store.uri)
     with run_lease(store.uri, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
+        check_embedder(store, embedder_for(settings))   # its re-derivation writes vectors
         unfinished = unfinished_intents(store, scope.user_id)
         run_id = unfinished[0]["id"] if unfinished else new_run_id("forget")
         recorded = merge_intents(unfinished)

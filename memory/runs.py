@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from memory.embed import Embedder, check_vectors_match, embedder_for
+from memory.embed import check_embedder, embedder_for
 from memory.ids import validate_user_id
 from memory.lease import run_lease
 from memory.nightly import pending_users
@@ -167,24 +167,6 @@ def consolidate(
         report.compaction = compact(store, settings, compacted_tables(report), always=kind == "backfill")
         log.info(report.summary())
         return report
-
-
-def recorded_embedder(store: Store) -> str | None:
-    """The embedder (`embed_model`) that wrote the store's message vectors; None before any was written.
-    One row is read (the first message with a vector): every run checks it, so they all agree."""
-    if not store.has_table("messages"):
-        return None
-    from lancedb.expr import col, lit
-
-    t = (store.table("messages").search().where(col("embed_model") != lit(""))  # NULL != '' is not true
-         .select(["embed_model"]).limit(1).to_arrow())
-    return str(t.column("embed_model")[0].as_py()) if t.num_rows else None
-
-
-def check_embedder(store: Store, embedder: Embedder) -> None:
-    """Refuse to consolidate with another embedder than the one that wrote the store's vectors
-    (`EmbedderMismatchError` naming both): vectors of two embedders are not comparable."""
-    check_vectors_match(recorded_embedder(store), embedder)
 
 
 #: tables every consolidation writes (compaction looks only at these and `runs`)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from memory.embed import Embedder, embedder_for
+from memory.embed import Embedder, check_embedder, embedder_for
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
 from memory.schemas import MEMORY_TABLES
@@ -156,7 +156,9 @@ class Retriever:
         settings = settings or Settings(store=str(store))
         if embedder is None:
             embedder = embedder_for(settings)
-        return cls(Store(str(store), dim=embedder.dim, consistency_s=None), settings, embedder)
+        opened = Store(str(store), dim=embedder.dim, consistency_s=None)
+        check_embedder(opened, embedder)   # queries embedded otherwise would not be comparable
+        return cls(opened, settings, embedder)
 
     @property
     def embedder(self) -> Embedder:

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from memory.embed import recorded_embedder
 from memory.errors import EmbedderMismatchError
+from memory.forget import forget
 from memory.ingest import ingest
 from memory.nightly import new_feedback, pending_users
-from memory.runs import consolidate, recorded_embedder
+from memory.runs import consolidate
 from memory.settings import Settings
 from memory.store import Store
+from retrieval import Retriever
 from tests.helpers import REPO, SAMPLE
 
 #: `mnemo consolidate` in a subprocess that then says which heavy modules it imported
@@ -101,6 +104,13 @@ def test_a_store_refuses_another_embedder(sample_store: Store) -> None:
         consolidate(sample_store, Settings(store=sample_store.uri, embed_backend="onnx-int8"))
     assert "'all-MiniLM-L6-v2'" in str(err.value) and "'all-MiniLM-L6-v2+onnx-int8'" in str(err.value)
     assert pending_users(sample_store) == ["bob"]                 # nothing was written
+    other = Settings(store=sample_store.uri, embed_backend="onnx-int8")
+    alice = sample_store.read("messages", "alice").num_rows
+    with pytest.raises(EmbedderMismatchError):                    # a forget re-derives with vectors too
+        forget(sample_store, other, "alice", sessions=["alice-s2"])
+    assert sample_store.read("messages", "alice").num_rows == alice
+    with pytest.raises(EmbedderMismatchError):                    # and queries embedded otherwise miss
+        Retriever.open(sample_store.uri, other)
     res = _cli("--store", sample_store.uri, "consolidate", "--engine", "local")
     assert res.returncode == 0, res.stderr                        # the store's own embedder still works
 
