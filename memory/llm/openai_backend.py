@@ -30,7 +30,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import Any, cast
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
@@ -47,6 +47,19 @@ INITIAL_RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
 #: the longest server-named delay (`Retry-After`) that is honoured; longer ones fall back to backoff
 MAX_RETRY_AFTER_S = 60.0
+
+
+#: one call's whole time, in units of `timeout_s` (which httpx applies to each connect and read)
+DEADLINE_TIMEOUTS = 2
+
+
+class DeadlineError(openai.OpenAIError):
+    """A call that took longer than `timeout_s` in all: tried again like a timeout."""
+
+
+class MalformedBodyError(openai.OpenAIError):
+    """A 200 answer whose body is not a chat completion (a proxy's error page, a cut-off body): tried
+    again like any transient failure."""
 
 
 def classify(exc: BaseException) -> ErrorKind:
@@ -227,6 +240,21 @@ class OpenAIBackend(LLMBackend):
             log.warning("openai: %s answer cut at max_tokens=%d", request.task, self.max_tokens)
         return LLMResponse(text=choice.message.content, tokens_in=tokens_in, tokens_out=tokens_out)
 
+    async def _create(self, client: openai.AsyncOpenAI, body: dict[str, Any]) -> ChatCompletion:
+        """One HTTP call, over in `DEADLINE_TIMEOUTS` x `timeout_s` at most (httpx's timeout bounds each
+        read: a server trickling bytes would hold it far longer); a 200 whose body is not a chat
+        completion is a (transient) failure."""
+        deadline = DEADLINE_TIMEOUTS * self.timeout_s
+        try:
+            result = await asyncio.wait_for(client.chat.completions.create(model=self.model, **body), deadline)
+        except asyncio.TimeoutError:
+            raise DeadlineError(f"no whole answer within {deadline:g} s ({DEADLINE_TIMEOUTS} x timeout_s)") from None
+        except ValueError as exc:   # the SDK's JSON decoding of a 200 body that is not JSON
+            raise MalformedBodyError(f"the server's answer is not JSON: {exc}") from exc
+        if not isinstance(result, ChatCompletion):
+            raise MalformedBodyError(f"the server's answer is not a chat completion but {type(result).__name__}")
+        return result
+
     async def _call(self, client: openai.AsyncOpenAI, request: LLMRequest, dialect: Dialect) -> ChatCompletion:
         """One chat completion in `dialect`, tried again (up to `max_retries` times) while `is_retryable`."""
         retries = 0
@@ -234,7 +262,7 @@ class OpenAIBackend(LLMBackend):
         body["messages"] = cast(list[ChatCompletionMessageParam], body["messages"])
         while True:
             try:
-                return cast(ChatCompletion, await client.chat.completions.create(model=self.model, **body))
+                return await self._create(client, body)
             except openai.OpenAIError as exc:
                 if retries >= self.max_retries or not is_retryable(exc):
                     raise

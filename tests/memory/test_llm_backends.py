@@ -10,11 +10,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, AsyncIterator, Callable, ContextManager, Iterator
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from memory.errors import ConfigError, LLMError, LLMTransientError, OptionalDependencyError
 from memory.llm.base import LLMRequest
@@ -98,6 +98,16 @@ def _app(state: dict[str, Script]) -> FastAPI:
             if action == "429":
                 return JSONResponse({"error": {"message": "slow down", "type": "rate_limit"}}, status_code=429,
                                     headers={"retry-after": "0", "retry-after-ms": "10"})
+            if action == "text":       # a proxy's page with status 200
+                return PlainTextResponse("upstream busy, try later")
+            if action == "cut":        # a 200 body cut short
+                return Response('{"id": "chatcmpl-test", "choi', media_type="application/json")
+            if action == "drip":       # one byte every 0.1 s: each read is quick, the whole answer is not
+                async def drip() -> AsyncIterator[bytes]:
+                    for ch in json.dumps(_completion(body, json.dumps({"answer": "late"}))).encode():
+                        await asyncio.sleep(0.1)
+                        yield bytes([ch])
+                return StreamingResponse(drip(), media_type="application/json")
             if action in ("500", "401", "400"):
                 # x-should-retry: the SDK's own retry loop would obey it even on a 4xx; ours never does
                 return JSONResponse({"error": {"message": f"scripted {action}"}}, status_code=int(action),
@@ -266,6 +276,26 @@ def test_malformed_twice_is_quarantined_with_raw_text(server: Any, script: Scrip
     assert q.raw == '{"answer": ""}' and "schema violation" in q.reason
     assert q.request.messages[-1]["content"] == "hopeless"  # the original request, not the re-ask
     assert runner.stats.quarantined == 1 and runner.stats.calls == 2
+
+
+@pytest.mark.parametrize("action", ["text", "cut"])
+def test_a_200_that_is_not_a_chat_completion_is_retried_then_transient(server: Any, script: Script,
+                                                                       action: str) -> None:
+    script.actions.extend([action])
+    (resp,) = _backend(server).complete([_request("second time")])
+    assert resp.error is None and json.loads(resp.text) == {"answer": "second time"}
+    script.default = action
+    (resp,) = _backend(server, max_retries=1).complete([_request("never")])
+    assert resp.error_kind == "transient" and "MalformedBodyError" in resp.error
+
+
+def test_a_trickling_answer_ends_at_the_deadline(server: Any, script: Script) -> None:
+    """httpx's timeout bounds each read; the call as a whole ends at 2 x timeout_s."""
+    script.default = "drip"
+    start = time.monotonic()
+    (resp,) = _backend(server, timeout_s=0.3, max_retries=0).complete([_request("drip")])
+    assert resp.error_kind == "transient" and "DeadlineError" in resp.error
+    assert time.monotonic() - start < 3
 
 
 def test_timeout_ends_in_transient_error_from_runner(server: Any, script: Script) -> None:
