@@ -220,7 +220,7 @@ class Settings(BaseModel):
     shard_size: int = 8
     max_workers: int = 2
     task_runner: Literal["threads", "dask"] = "threads"
-    dask_local: int = 0
+    dask_local: int = Field(0, ge=0, description="local Dask workers (0: no Dask)")
     dask_address: str | None = None
 
     # one writer per store (memory.lease)
@@ -239,9 +239,14 @@ class Settings(BaseModel):
     retrieval: RetrievalSettings = Field(default_factory=lambda: RetrievalSettings())
 
     def with_overrides(self, **overrides: Any) -> "Settings":
-        """A copy with the non-None overrides applied (CLI flags win over the environment)."""
-        clean = {k: v for k, v in overrides.items() if v is not None}
-        return self.model_validate({**self.model_dump(), **clean})
+        """A copy with the non-None overrides applied (CLI flags win over the environment); a section
+        given as a dict (a deployment's `{"retrieval": {"k": 5}}`) updates that section's fields only."""
+        data = self.model_dump()
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
+        return self.model_validate(data)
 
 
 class _FromEnvironment(BaseSettings, Settings):

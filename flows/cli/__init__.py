@@ -22,6 +22,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.markup import escape
 from typer.core import TyperGroup
 
@@ -58,6 +59,8 @@ class MnemoGroup(TyperGroup):
             raise typer.Exit(EXIT_BUSY) from None
         except MnemoError as exc:
             _fail(str(exc))
+        except ValidationError as exc:   # a flag's value out of its setting's range (--dask-local -1)
+            _fail(_invalid(exc).replace("invalid setting", "invalid value for setting", 1))
 
 
 app = typer.Typer(cls=MnemoGroup, help="mnemo: long-term memory for LLM assistants.", no_args_is_help=True,
@@ -79,6 +82,8 @@ def main_options(
         ctx.obj = load_settings(store=store)
     except ValidationError as exc:
         raise ConfigError(_invalid(exc)) from None
+    except SettingsError as exc:   # a list or dict setting whose value is not JSON
+        raise ConfigError(f"{exc}; list and dict settings take JSON, e.g. MNEMO_RETRIEVAL_KINDS='[\"message\"]'") from None
 
 
 ingest.register(app)

@@ -4,6 +4,7 @@ graph) and checking it (duplicate ids, rows whose source messages are missing; `
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -60,6 +61,7 @@ def graph(
     from memory.ids import validate_user_id
     from memory.runs import open_store
 
+    Path(html).parent.mkdir(parents=True, exist_ok=True)
     drawn = write_html(open_store(settings_of(ctx)), validate_user_id(user), html)
     if drawn["nodes"] == 0:
         typer.echo(f"user {user!r} has no graph yet: consolidate its sessions first", err=True)

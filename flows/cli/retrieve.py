@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from flows.cli.context import settings_of
+from memory.errors import ConfigError
 from memory.settings import Settings
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ def retrieve(
     ctx: typer.Context,
     user: str = typer.Argument(..., help="user id"),
     query: str = typer.Argument(..., help="the question"),
-    k: Optional[int] = typer.Option(None, "--k", help="items to return [default 10]"),
+    k: Optional[int] = typer.Option(None, "--k", min=1, help="items to return [default 10]"),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="dense | familiarity | recollection | "
                                            "rfmem | hybrid | rfmem-hybrid | calibrated | walk | hybrid-walk | "
                                            "rfmem-walk | rfmem-hybrid-walk [default: MNEMO_RETRIEVAL_DEFAULT_STRATEGY]"),
@@ -66,7 +67,7 @@ def serve(
 def train_reranker(
     ctx: typer.Context,
     scope: str = typer.Option("global", "--scope", help="global | user (one version per user with feedback)"),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="passes over the new feedback "
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="passes over the new feedback "
                                          "[default: settings rerank_epochs]"),
 ) -> None:
     """Train the next reranker version from the feedback newer than the last one (the flow's
@@ -76,12 +77,17 @@ def train_reranker(
     from memory.runs import new_run_id
     from retrieval.rerank import TrainConfig, train_reranker as train
 
+    if scope not in ("global", "user"):
+        raise ConfigError(f"unknown reranker scope {scope!r} (known: global, user)", scope=scope)
     settings = settings_of(ctx)
     r = open_retriever(settings)
     cfg = TrainConfig.from_settings(r.settings, epochs=epochs)
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
-        for rep in train(r, scope=scope, cfg=cfg, run_id=new_run_id("train")):
-            typer.echo(rep.summary())
+        reports = train(r, scope=scope, cfg=cfg, run_id=new_run_id("train"))
+    for rep in reports:
+        typer.echo(rep.summary())
+    if not reports:
+        typer.echo(f"train-reranker ({scope}): no user has feedback; nothing trained")
 
 
 def register(app: typer.Typer) -> None:

@@ -44,8 +44,11 @@ def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool 
         raise IngestError(f"archive not found: {path}", archive=str(path))
     if not (path.is_file() or path.is_dir()):
         raise IngestError(f"{path} is not a regular file", archive=str(path))
-    data = read_json(path) if fmt in ("locomo", "longmemeval") else None
-    records, quarantine, read = validate_rows(read_rows(path, fmt, data, user_id))
+    try:
+        data = read_json(path) if fmt in ("locomo", "longmemeval") else None
+        records, quarantine, read = validate_rows(read_rows(path, fmt, data, user_id))
+    except OSError as exc:   # permissions, a file gone while read: nothing of the archive is stored
+        raise IngestError(f"cannot read {exc.filename or path}: {exc.strerror or exc}", archive=str(path)) from None
     messages = messages_frame(records, path.name)
     observations = pl.DataFrame(schema=OBSERVATIONS_SCHEMA)
     if fmt == "locomo" and observations_as_fragments:

@@ -61,6 +61,8 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("consolidate", "--engine", "nope"), "unknown engine 'nope'"),
     (("bench", "locomo", "{tmp}/missing.json", "--extraction", "nope"), "unknown extraction 'nope'"),
     (("bench", "beam-anchors", "{tmp}"), "holds no SCALE/N/chat.json folder"),
+    (("consolidate", "--dask-local", "-1"), "invalid value for setting dask_local (MNEMO_DASK_LOCAL)"),
+    (("train-reranker", "--scope", "bogus"), "unknown reranker scope 'bogus'"),
 ])
 def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
@@ -80,9 +82,24 @@ def test_a_bad_environment_value_is_one_line_too(monkeypatch: pytest.MonkeyPatch
     assert out.stderr.startswith(f"error: invalid setting {where} ({variable}): ") and out.stderr.count("\n") == 1
 
 
-def test_a_bad_flag_value_is_a_usage_error(tmp_path: Path) -> None:
-    out = invoke("bench", "locomo", str(tmp_path / "x.json"), "--k", "five")
-    assert out.exit_code == 2 and "--k" in out.output and "Traceback" not in out.output
+def test_a_list_setting_that_is_not_json_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MNEMO_RETRIEVAL_KINDS", "message,fragment")
+    out = invoke("--store", str(tmp_path / "store"), "stats", "--json")
+    assert out.exit_code == 2 and "list and dict settings take JSON" in out.stderr and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("args", [("bench", "locomo", "{tmp}/x.json", "--k", "five"),
+                                  ("retrieve", "alice", "my dog", "--k", "0"),
+                                  ("train-reranker", "--epochs", "0")])
+def test_a_bad_flag_value_is_a_usage_error(tmp_path: Path, args: tuple[str, ...]) -> None:
+    out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
+    assert out.exit_code == 2 and ("--k" in out.output or "--epochs" in out.output) and "Traceback" not in out.output
+
+
+def test_graph_html_makes_its_folder(sample_store: Any, tmp_path: Path) -> None:
+    out = invoke("--store", sample_store.uri, "graph", "alice", "--html", str(tmp_path / "new" / "dir" / "g.html"))
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "new" / "dir" / "g.html").stat().st_size > 0
 
 
 @pytest.fixture

@@ -433,6 +433,20 @@ def test_length_limits_and_nul_are_quarantined(tmp_path: Path, store: Store) -> 
     assert set(kept) == {"ok", "m" * MAX_ID_CHARS} and kept["ok"]["text"] == longest
 
 
+def test_an_unreadable_archive_is_one_clear_error(tmp_path: Path, store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write_jsonl(tmp_path / "locked.jsonl", [_row(mid="m1")])
+
+    def denied(self: Path, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", denied)
+    with pytest.raises(IngestError, match="cannot read .*locked.jsonl: Permission denied"):
+        ingest(store, path, "jsonl")
+    monkeypatch.undo()
+    assert not store.has_table("messages") or store.read("messages").num_rows == 0
+
+
 def test_a_directory_is_reported_as_a_directory(tmp_path: Path, store: Store) -> None:
     folder = tmp_path / "archive.jsonl"
     folder.mkdir()
