@@ -20,12 +20,14 @@ body limit, both enforced by `retrieval.guard.RequestGuard` before any body is r
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Literal, Optional
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from starlette.types import ASGIApp
 
-from memory.errors import ConfigError
+from memory.errors import ConfigError, MnemoError
 from memory.ingest.append import Compactor
 from retrieval.guard import RequestGuard
 from retrieval.retriever import Retriever
@@ -36,6 +38,16 @@ MCP_PATH = "/mcp"
 INSTRUCTIONS = ("Long-term memory of the user's past conversations. Call get_context (or search_memory) with the "
                 "user's id and the current question before answering; append_messages with the turns of this "
                 "conversation; give_feedback with the memory ids you were shown and those you used.")
+
+
+@contextmanager
+def as_tool_error() -> Iterator[None]:
+    """A `MnemoError` becomes a tool error carrying its message (the SDK reports any other exception
+    as "Error executing tool", without the reason the model needs to correct its call or retry)."""
+    try:
+        yield
+    except MnemoError as exc:
+        raise ToolError(str(exc)) from exc
 
 
 def build_server(retriever: Retriever) -> MCPServer:
@@ -53,8 +65,9 @@ def build_server(retriever: Retriever) -> MCPServer:
                       strategy: Optional[str] = None) -> dict[str, Any]:
         """Search one user's long-term memory: ranked memories (id, kind, text, date, score,
         source message ids) for a query. `strategy` defaults to the service's best."""
-        check_query(query)
-        res = retriever.retrieve(user_id, query, k=k, strategy=strategy)
+        with as_tool_error():
+            check_query(query)
+            res = retriever.retrieve(user_id, query, k=k, strategy=strategy)
         return {"user_id": res.user_id, "strategy": res.strategy, "route": res.route,
                 "items": [it.to_dict() for it in res.items]}
 
@@ -63,24 +76,27 @@ def build_server(retriever: Retriever) -> MCPServer:
                     max_tokens: Optional[int] = None) -> dict[str, Any]:
         """Prompt-ready context from one user's memory for a query: the user's profile, then the
         retrieved memories in time order with their dates, within `max_tokens`; and the ids shown."""
-        check_query(query)
-        res = retriever.retrieve(user_id, query, k=k)
-        return {"user_id": res.user_id, "context": res.context(max_tokens=max_tokens or settings.context_tokens),
-                "item_ids": res.ids}
+        with as_tool_error():
+            check_query(query)
+            res = retriever.retrieve(user_id, query, k=k)
+            text, shown = res.context_shown(settings.context_tokens if max_tokens is None else max_tokens)
+        return {"user_id": res.user_id, "context": text, "item_ids": shown}
 
     @server.tool()
     def append_messages(user_id: str, messages: list[Any]) -> dict[str, Any]:
         """Append turns of one user's conversation: objects with session_id, message_id, speaker (or
         role), text and an ISO 8601 timestamp. Bad turns are quarantined and listed with their index
         and reason; re-sending a turn adds nothing. The next consolidation run makes them memory."""
-        return compactor.append(user_id, messages, max_messages=settings.append_max_messages).to_dict()
+        with as_tool_error():
+            return compactor.append(user_id, messages, max_messages=settings.append_max_messages).to_dict()
 
     @server.tool()
     def give_feedback(user_id: str, query: str, shown_ids: list[str],
                       cited_ids: Optional[list[str]] = None) -> dict[str, Any]:
         """Record which of the memory ids shown for a query the answer cited (trains the reranker)."""
-        check_query(query)
-        return retriever.feedback(user_id, query, shown_ids, cited_ids or [])
+        with as_tool_error():
+            check_query(query)
+            return retriever.feedback(user_id, query, shown_ids, cited_ids or [])
 
     return server
 

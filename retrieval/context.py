@@ -60,7 +60,8 @@ def validity_note(item: Any) -> str:
     """The validity suffix of a line ("" for a memory with no validity event)."""
     notes = []
     history = getattr(item, "history", None)
-    since = (getattr(item, "valid_from", None) or "")[:10]
+    since = (getattr(item, "valid_from", None) or getattr(item, "date", None)   # a turn: its own date
+             or getattr(item, "ts", None) or "")[:10]
     if history:
         before = "; ".join(f"{_clip(h['text'])} [{h['date'] or 'undated'}]" for h in history[:3])
         notes.append(f", current since {since or 'undated'} (before: {before})")
@@ -85,14 +86,23 @@ def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "M
                   profile: Any = None) -> str:
     """The items that fit in `max_tokens` (rank order), printed chronologically, after the user's
     profile when the result carries one."""
+    return fit_context(items, max_tokens, header, profile)[0]
+
+
+def fit_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "Memories (oldest first):",
+                profile: Any = None) -> tuple[str, list[str]]:
+    """`build_context`'s text and the ids of the memories it shows, in rank order (the profile's
+    first): what a citation feedback may call shown."""
     items = list(items)
     profile = profile or next((it for it in items if is_profile(it)), None)
-    head = []
+    head: list[str] = []
+    shown: list[str] = []
     if profile is not None:
         items = [it for it in items if not is_profile(it)]
         text = f"User profile ({profile.date or 'undated'}):\n{(profile.text or '').strip()}"
         if approx_tokens(text) < max_tokens // 2:  # the profile never crowds out the memories
             head = [text, ""]
+            shown.append(profile.id)
             max_tokens -= approx_tokens(text)
     budget = max_tokens - approx_tokens(header)
     chosen = []
@@ -102,8 +112,9 @@ def build_context(items: Iterable[Any], max_tokens: int = 1500, header: str = "M
         if cost > budget:
             continue  # a long item does not block shorter, lower-ranked ones
         chosen.append((sort_key(item), line))
+        shown.append(item.id)
         budget -= cost
     if not chosen:
-        return "\n".join(head).strip()
+        return "\n".join(head).strip(), shown
     chosen.sort(key=lambda c: c[0])
-    return "\n".join(head + [header] + [line for _, line in chosen])
+    return "\n".join(head + [header] + [line for _, line in chosen]), shown

@@ -20,7 +20,7 @@ from memory.ids import validate_user_id
 from memory.schemas import MEMORY_TABLES
 from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
-from retrieval.context import build_context
+from retrieval.context import build_context, fit_context
 from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
 from retrieval.rerank.model import GLOBAL, Reranker, RerankerCache, scope_key
@@ -115,6 +115,12 @@ class RetrievalResult:
         """Prompt-ready memory text: chronological, dated, within `max_tokens` (see context.py)."""
         return build_context(self.items, max_tokens=max_tokens, profile=self.profile)
 
+    def context_shown(self, max_tokens: int = 1500) -> tuple[str, list[str]]:
+        """`context()` and the ids of the memories it shows (not those cut by the budget)."""
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}", max_tokens=max_tokens)
+        return fit_context(self.items, max_tokens=max_tokens, profile=self.profile)
+
     def to_dict(self) -> dict[str, Any]:
         return {"user_id": self.user_id, "query": self.query, "strategy": self.strategy, "k": self.k,
                 "route": self.route, "deduped": self.deduped, "signals": self.signals, "items": [it.to_dict() for it in self.items],
@@ -198,8 +204,13 @@ class Retriever:
         searched = check_kinds(kinds)
         if isinstance(query, str) and not query.strip():
             raise InvalidQueryError("the query is blank (empty or whitespace only)", user_id=user_id)
+        if isinstance(query, str) and not query.isascii():
+            try:
+                query.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidQueryError("the query holds a lone surrogate: not Unicode text", user_id=user_id) from None
         do_rerank = s.rerank if rerank is None else bool(rerank)
-        k = int(k or (s.rerank_top_m if do_rerank else s.k))
+        k = int(k if k is not None else (s.rerank_top_m if do_rerank else s.k))
         if not 1 <= k <= s.max_k:
             raise ConfigError(f"k must be between 1 and {s.max_k}, got {k}", k=k)
         timings: dict[str, float] = {}
@@ -228,7 +239,8 @@ class Retriever:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
                                         dedupe=q.deduped)
         if s.validity:
-            rows, scores, moved = order_current(index, rows, scores, vec, k, history=asks_history(text))
+            rows, scores, moved = order_current(index, rows, scores, vec, k, history=asks_history(text),
+                                                kinds=q.kinds)
             q.signals.update(moved)
         result.route = route
         result.deduped = q.deduped

@@ -28,6 +28,8 @@ import logging
 from typing import Annotated, Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -87,6 +89,12 @@ def create_app(retriever: Retriever) -> FastAPI:
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     app.add_middleware(RequestGuard, api_key=key, max_body=settings.max_query_chars * 4 + 8192)
 
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes the input back, and fails (500) on text it cannot encode
+        detail = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(detail)}, status_code=422)
+
     @app.exception_handler(InvalidUserIdError)
     async def bad_user(_: Request, exc: InvalidUserIdError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
@@ -133,9 +141,9 @@ def create_app(retriever: Retriever) -> FastAPI:
     def context(user_id: str, body: ContextRequest) -> dict[str, Any]:
         """Prompt-ready context: retrieved memories, chronological, dated, within max_tokens."""
         res = _run(user_id, body)
+        text, shown = res.context_shown(max_tokens=body.max_tokens or settings.context_tokens)
         return {"user_id": res.user_id, "strategy": res.strategy, "route": res.route,
-                "context": res.context(max_tokens=body.max_tokens or settings.context_tokens),
-                "item_ids": res.ids, "signals": res.signals}
+                "context": text, "item_ids": shown, "signals": res.signals}
 
     @app.post("/v1/users/{user_id}/feedback")
     def feedback(user_id: str, body: FeedbackRequest) -> dict[str, Any]:

@@ -229,13 +229,20 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
 
 
 def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray,
-                  k: int, history: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+                  k: int, history: bool = False,
+                  kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The strategy's ranking with current versions above superseded ones and contradicting pairs
     together (see the module doc), cut to `k`; plus signals (how many were moved or pulled in).
-    With `history` (the query asks what held before: `asks_history`) no newer version is moved."""
+    With `history` (the query asks what held before: `asks_history`) no newer version is moved; with
+    `kinds` (those the query searched) no memory of another kind is pulled in."""
     v = validity_of(index)
     if v.empty or rows.size == 0:
         return rows, scores, {}
+    kind_of = index.meta.column("kind")
+
+    def searched(row: int) -> bool:
+        return kinds is None or kind_of[row].as_py() in kinds
+
     row_of = index.row_of_id()
     taken = pa.array(rows, type=pa.int64())
     ids = index.meta.column("id").take(taken).to_pylist()
@@ -252,7 +259,7 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             continue
         crow = None if history else replacement(index, v, row, vec, ids[i], sources[i] or [], row_of,
                                                 row_sims[i], floor)
-        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH):
+        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) and searched(crow):
             cites = set(index.source_ids(crow))
             if not cites <= above:          # its turns already ranked above: nothing to add
                 out.append((crow, score))
@@ -266,7 +273,8 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
         others = [v.contradicts[fid]] if fid is not None and fid in v.contradicts else []
         for mid in (ids[i], fid):
             others += v.against.get(mid or "", [])
-        orows = [row_of[o] for o in dict.fromkeys(others) if o in row_of and row_of[o] not in placed]
+        orows = [row_of[o] for o in dict.fromkeys(others)
+                 if o in row_of and row_of[o] not in placed and searched(row_of[o])]
         inside = [o for o in orows if o in taken_rows]           # a counterpart already returned first
         sims = index.z[np.asarray(inside or orows, dtype=np.int64)] @ vec if orows else np.zeros(0)
         if orows and (inside or float(sims.max()) >= floor):

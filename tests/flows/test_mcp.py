@@ -54,6 +54,9 @@ async def _session(store_dir: str) -> dict[str, Any]:
         out["cross_user_feedback"] = await client.call_tool("give_feedback", {
             "user_id": "bob", "query": "guitar?", "shown_ids": shown[:1], "cited_ids": []})
         out["bad_user"] = await client.call_tool("search_memory", {"user_id": "../x", "query": "hi"})
+        out["bad_k"] = await client.call_tool("search_memory", {"user_id": "alice", "query": "hi", "k": 0})
+        out["tight"] = _data(await client.call_tool("get_context", {
+            "user_id": "alice", "query": "What guitar did Alice buy?", "max_tokens": 30}))
     return out
 
 
@@ -69,6 +72,11 @@ def test_every_tool_over_stdio(sample_store: Store) -> None:
     assert out["append"]["added"] == 1 and out["append"]["quarantined"][0]["index"] == 1
     assert out["feedback"]
     assert out["cross_user_feedback"].is_error and out["bad_user"].is_error
+    # the reason comes back, so the model can correct its call
+    assert "invalid user id" in out["bad_user"].content[0].text
+    assert out["bad_k"].is_error and "k must be between 1 and" in out["bad_k"].content[0].text
+    # item_ids are the memories the context shows, not every one retrieved
+    assert 1 <= len(out["tight"]["item_ids"]) < len(out["context"]["item_ids"]) <= 10
     msgs = sample_store.read("messages", "alice", columns=["message_id"]).column("message_id").to_pylist()
     assert "alice-mcp-1" in msgs and "alice-mcp-2" not in msgs
     assert sample_store.read("feedback", "alice").num_rows >= 1

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import retrieval
 from memory.embed import Embedder
-from memory.errors import InvalidUserIdError
+from memory.errors import ConfigError, InvalidUserIdError
 from memory.settings import PAPER, Settings, load_settings
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever, UnknownStrategyError, citation_prompt, parse_citations
@@ -96,6 +96,8 @@ def test_unknown_and_malformed_users(retriever: Retriever) -> None:
     ("dog", {"strategy": ""}, UnknownStrategyError, "known: "),
     ("dog", {"kinds": ["fragments"]}, InvalidQueryError, "known: message, fragment, insight, topic, summary"),
     ("dog", {"kinds": []}, InvalidQueryError, "kinds is empty"),
+    ("guitar \ud800", {}, InvalidQueryError, "lone surrogate"),
+    ("dog", {"k": 0}, ConfigError, "k must be between 1 and"),
 ])
 def test_meaningless_queries_are_refused(retriever: Retriever, query: str, kw: dict[str, Any],
                                          error: type[Exception], match: str) -> None:
@@ -266,6 +268,15 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.lam, s.beam, s.fanout, s.theta_low, s.alpha) == (20.0, 3, 2, 0.3, 0.5)
     paper = RetrievalSettings(**PAPER)
     assert (paper.theta_high, paper.tau, paper.entropy_normalized) == (0.6, 0.25, False)
+
+
+def test_a_nested_override_updates_its_section_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment's `{"retrieval": {...}}` keeps the section's other fields from the environment."""
+    monkeypatch.setenv("MNEMO_RETRIEVAL_K", "5")
+    monkeypatch.setenv("MNEMO_API_KEY", "s3cret")
+    s = load_settings().with_overrides(retrieval={"rerank_scope": "user"}, theta=0.7)
+    assert (s.retrieval.k, s.retrieval.rerank_scope, s.theta) == (5, "user", 0.7)
+    assert s.retrieval.api_key is not None and s.retrieval.api_key.get_secret_value() == "s3cret"
 
 
 @pytest.mark.parametrize("env", [{"MNEMO_API_KEY": ""}, {"MNEMO_API_KEY": "  "},

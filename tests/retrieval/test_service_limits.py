@@ -157,6 +157,15 @@ def test_meaningless_fields_are_422(client: httpx.Client, path: str, body: dict[
     assert res.status_code == 422 and match in str(res.json()["detail"]), res.text
 
 
+@pytest.mark.parametrize("path", ["retrieve", "context", "feedback"])
+def test_a_lone_surrogate_is_422_not_500(client: httpx.Client, path: str) -> None:
+    """Not valid Unicode text: refused with the field named (FastAPI's own handler echoed the input
+    back and failed to encode it)."""
+    raw = '{"query": "guitar \\ud800", "shown_ids": ["x"]}'
+    res = client.post(f"/v1/users/alice/{path}", content=raw, headers={"content-type": "application/json"})
+    assert res.status_code == 422 and res.json()["detail"][0]["loc"] == ["body", "query"], res.text
+
+
 def test_blank_feedback_query_is_422(client: httpx.Client) -> None:
     res = client.post("/v1/users/eve/feedback", json={"query": "  ", "shown_ids": ["eve-m0"]})
     assert res.status_code == 422 and "blank" in str(res.json()["detail"])

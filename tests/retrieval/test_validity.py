@@ -171,6 +171,30 @@ def test_a_version_whose_turn_ranks_above_is_not_pulled_again(validity_store: St
     assert set(index.meta.column("source_ids")[int(rows[0])].as_py()) == {"m3"}
 
 
+def test_nothing_of_a_kind_not_searched_is_pulled_in(validity_store: Store, embedder: Embedder) -> None:
+    """Asked for messages only, the replaced turn's newer version comes as its turn (never as the
+    fragment f3), and a contradiction's counterpart only if it is a message too."""
+    r = _retriever(validity_store, embedder, True)
+    for query in ("How much is the monthly rent for the flat on Elm Street?", "Have I ever been to Japan?"):
+        for kinds in (["message"], ["fragment"]):
+            res = r.retrieve(USER, query, k=4, strategy="familiarity", kinds=kinds)
+            assert res.items and {it.kind for it in res.items} == {kinds[0]}, (query, kinds, res.ids)
+    res = r.retrieve(USER, "How much is the monthly rent for the flat on Elm Street?", k=4, strategy="familiarity",
+                     kinds=["message"])
+    assert _rank(res.ids, "msg-m3") < _rank(res.ids, "msg-m0")
+
+
+def test_a_turn_that_is_current_shows_its_own_date() -> None:
+    """A raw turn carries no valid_from: "current since" takes the turn's date, not "undated"."""
+    from types import SimpleNamespace
+
+    from retrieval.context import validity_note
+
+    turn = SimpleNamespace(valid_from=None, date=None, ts="2024-03-19T20:10:00+00:00", superseded_by=None,
+                           contradiction=None, history=[{"text": "ran 8 miles", "date": "2024-03-02"}])
+    assert validity_note(turn).startswith(", current since 2024-03-19 (before: ran 8 miles [2024-03-02])")
+
+
 def test_a_query_about_what_held_before_keeps_the_replaced_value(validity_store: Store, embedder: Embedder) -> None:
     """"... at the start?" asks for the replaced value: no newer version is put above it; the same
     query without it gets the current value first."""
