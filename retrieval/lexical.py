@@ -5,13 +5,13 @@ user's memories fits in a cold query; the index is a SciPy CSC matrix of
 precomputed BM25 term weights, so scoring a query is one sparse column sum over its terms.
 Why not a search engine: a tantivy or LanceDB FTS index lives per table, not per user, and answers
 top hits only; fusion with the dense channel wants a score for every candidate row, and the
-recollection rounds must stay in memory. Stop words are scikit-learn's English list; a light
-plural folding ("paintings" -> "painting") is the only stemming.
+recollection rounds must stay in memory. Tokens are runs of letters and digits of any script (no
+Unicode normalization: an NFD text and its NFC query do not match). Stop words are scikit-learn's
+English list; a light plural folding ("paintings" -> "painting") is the only stemming.
 """
 from __future__ import annotations
 
 import logging
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -24,8 +24,8 @@ from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 log = logging.getLogger(__name__)
 
-TOKEN_RE = r"[a-z0-9]+"
-_TOKEN = re.compile(TOKEN_RE)
+#: letters and digits of any script (Rust regex `\w`, marks included), no underscore: "café", "гитару"
+TOKEN_RE = r"[^\W_]+"
 STOP_WORDS = frozenset(ENGLISH_STOP_WORDS)
 
 
@@ -35,9 +35,16 @@ def _fold(token: str) -> str:
     return token
 
 
+def words(text: pl.Expr) -> pl.Expr:
+    """Lowercase word tokens of a text column: one Polars expression for documents and queries, so
+    both sides split alike (Python's `\w` differs from Rust's on combining marks: Hindi, Thai)."""
+    return text.str.to_lowercase().str.extract_all(TOKEN_RE)
+
+
 def tokenize(text: str) -> list[str]:
     """Lowercase word tokens without stop words, plurals folded (the query side)."""
-    return [_fold(t) for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS]
+    found = pl.Series([text], dtype=pl.Utf8).to_frame("t").select(words(pl.col("t"))).item().to_list()
+    return [_fold(t) for t in found if t not in STOP_WORDS]
 
 
 _STOP = pl.Series(sorted(STOP_WORDS))
@@ -65,7 +72,7 @@ def _tokens(texts: pa.Array, offset: int) -> pl.LazyFrame:
         .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok)
     return (pl.LazyFrame({"text": pl.Series("text", texts, dtype=pl.Utf8).fill_null("")})
             .with_row_index("doc", offset=offset)
-            .select("doc", pl.col("text").str.to_lowercase().str.extract_all(TOKEN_RE).alias("tok"))
+            .select("doc", words(pl.col("text")).alias("tok"))
             .explode("tok").drop_nulls("tok")
             .filter(~tok.is_in(_STOP.implode()))
             .select("doc", folded.hash().alias("h")))

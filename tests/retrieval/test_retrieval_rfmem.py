@@ -117,6 +117,18 @@ def test_bm25_prefers_rare_matching_terms() -> None:
     assert BM25Index([]).scores("anything").size == 0
 
 
+def test_bm25_reads_every_script_alike_on_both_sides() -> None:
+    """Letters of any script are words (the ASCII-only split made "résumé" r + sum and dropped Cyrillic,
+    Hindi, Chinese); query and documents split by the same expression, combining marks included."""
+    assert tokenize("Mon résumé, ma гитару, 吉他 and हिन्दी x_y") == ["mon", "résumé", "ma", "гитару", "吉他", "हिन्दी",
+                                                                     "x", "y"]
+    ix = BM25Index(["The sum of the bills", "Я купил гитару вчера", "मैं हिन्दी बोलता हूँ", "我买了吉他"])
+    assert ix.scores("résumé").max() == 0                             # no longer "sum"
+    for query, doc in (("гитару", 1), ("हिन्दी", 2), ("我买了吉他", 3)):
+        s = ix.scores(query)
+        assert s.argmax() == doc and s[doc] > 0, query
+
+
 def test_bm25_built_in_parts_equals_one_part(monkeypatch: pytest.MonkeyPatch) -> None:
     texts = ["a long turn about guitars and chords " * 200, None, "short guitar note", ""] + \
         [f"fragment {i} about chords and guitars" for i in range(50)]
