@@ -181,7 +181,8 @@ class Settings(BaseModel):
     llm_model: str = Field("", description="model name for openai/vllm/replay; empty = backend default")
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_api_key: SecretStr | None = None
-    llm_concurrency: int = 8
+    llm_concurrency: int = Field(8, ge=1, description="requests one stage's batch keeps in flight (per shard: "
+                                 "shards that run at once, in threads or Dask workers, each keep as many)")
     llm_timeout_s: float = 120.0
     llm_max_retries: int = 3
     llm_max_tokens: int = 2048

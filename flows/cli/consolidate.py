@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.context import console, csv, finish_run, settings_of
+from flows.cli.context import console, csv, existing_store, finish_run, settings_of
 from memory.errors import ConfigError
 from memory.settings import Settings
 
@@ -39,8 +39,9 @@ def consolidate(
     """Consolidate every user's sessions newer than its watermark."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", engine=engine)
-    settings = settings_of(ctx).with_overrides(llm=llm, llm_model=llm_model, dask_local=dask_local,
-                                               dask_address=dask_address, rebuild_graph=rebuild_graph or None)
+    settings = existing_store(settings_of(ctx).with_overrides(
+        llm=llm, llm_model=llm_model, dask_local=dask_local, dask_address=dask_address,
+        rebuild_graph=rebuild_graph or None))
     chosen = csv(users) or None
     if not settings.rebuild_graph and nothing_to_do(settings, chosen):
         return

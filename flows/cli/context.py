@@ -2,6 +2,8 @@
 comma-separated lists."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
 
@@ -32,6 +34,16 @@ def settings_of(ctx: typer.Context) -> Settings:
     if found is None:
         raise ConfigError("no settings in the command context: run commands through the `mnemo` app")
     return found
+
+
+def existing_store(settings: Settings) -> Settings:
+    """`settings`, when their store exists (a local path; a URI is taken as given): a nightly job whose
+    --store or MNEMO_STORE is mistyped must fail, not make an empty store and succeed every night."""
+    uri = settings.store
+    if "://" not in uri and not Path(uri).exists():
+        raise ConfigError(f"no store at {uri}: `mnemo ingest` or `mnemo backfill` makes one; check --store / "
+                          "MNEMO_STORE", store=uri)
+    return settings
 
 
 def csv(value: str | None) -> list[str]:

@@ -63,13 +63,16 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("bench", "beam-anchors", "{tmp}"), "holds no SCALE/N/chat.json folder"),
     (("consolidate", "--dask-local", "-1"), "invalid value for setting dask_local (MNEMO_DASK_LOCAL)"),
     (("train-reranker", "--scope", "bogus"), "unknown reranker scope 'bogus'"),
+    (("consolidate",), "no store at {tmp}/store: `mnemo ingest` or `mnemo backfill` makes one"),
 ])
 def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
     assert out.exit_code == 2, out.output
     assert isinstance(out.exception, SystemExit)
-    assert out.stderr.startswith("error: ") and message in out.stderr
+    assert out.stderr.startswith("error: ") and message.format(tmp=tmp_path) in out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
+    if args == ("consolidate",):
+        assert not (tmp_path / "store").exists()             # nothing made where the store was mistyped
 
 
 @pytest.mark.parametrize("variable, value, where", [("MNEMO_THETA", "abc", "theta"),
@@ -125,6 +128,7 @@ def test_consolidate_flags_override_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MNEMO_STORE", str(tmp_path / "from-env"))
     monkeypatch.setenv("MNEMO_RETRIEVAL_K", "7")
     store = str(tmp_path / "from-flag")
+    (tmp_path / "from-flag").mkdir()
     out = invoke("--store", store, "consolidate", "--llm", "replay", "--users", "b, a,", "--rebuild-graph",
                  "--dask-local", "3")
     assert out.exit_code == 0, out.output
