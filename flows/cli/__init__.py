@@ -27,8 +27,8 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from flows.cli import bench, consolidate, forget, ingest, inspect, mcp, retrieve
-from flows.cli.context import EXIT_BUSY, console
-from memory.errors import ConfigError, MnemoError, RunInProgressError, StoreBusyError
+from flows.cli.context import EXIT_BUSY, EXIT_FAILED, console
+from memory.errors import ConfigError, LLMError, MnemoError, ReplayMissError, RunInProgressError, StoreBusyError
 from memory.settings import load_settings
 
 __all__ = ["app", "bench_app", "main"]
@@ -49,7 +49,8 @@ def _invalid(exc: ValidationError) -> str:
 
 class MnemoGroup(TyperGroup):
     """The root command group: a `MnemoError` prints one line and exits 2 (75 for a run skipped
-    because another still runs, or a write that waited too long for another writer: try again)."""
+    because another still runs, or a write that waited too long for another writer: try again; 1 for
+    a run the LLM backend failed)."""
 
     def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
         try:
@@ -57,6 +58,11 @@ class MnemoGroup(TyperGroup):
         except (RunInProgressError, StoreBusyError) as exc:
             console.print(f"[yellow]{escape(str(exc))}[/yellow]", soft_wrap=True)
             raise typer.Exit(EXIT_BUSY) from None
+        except LLMError as exc:
+            if isinstance(exc, ReplayMissError):   # a recording that lacks an answer: the input's fault
+                _fail(str(exc))
+            console.print(f"[red]failed:[/red] {escape(str(exc))}", soft_wrap=True)   # the server, not the input
+            raise typer.Exit(EXIT_FAILED) from None
         except MnemoError as exc:
             _fail(str(exc))
         except ValidationError as exc:   # a flag's value out of its setting's range (--dask-local -1)

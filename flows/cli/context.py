@@ -13,9 +13,10 @@ from memory.settings import Settings
 #: progress bars and errors go to stderr, results to stdout
 console = Console(stderr=True)
 
-#: exit codes a scheduler can tell apart: bad input or configuration; a run that finished but set LLM
+#: exit codes a scheduler can tell apart: a failed run (the LLM backend failed it); bad input or configuration; a run that finished but set LLM
 #: work aside (quarantined, retried next run, or given up after `max_llm_attempts`); a run skipped
 #: because another run still holds the store's run lease (EX_TEMPFAIL: "skipped, still running")
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_QUARANTINED = 3
 EXIT_BUSY = 75

@@ -142,6 +142,17 @@ def test_consolidate_flags_override_the_environment(monkeypatch: pytest.MonkeyPa
     assert Settings().theta == 0.6                                       # defaults never read it
 
 
+def test_a_run_the_llm_server_fails_exits_1(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Connection refused: the run failed (1), not bad input (2); the reason in one line."""
+    monkeypatch.setenv("MNEMO_LLM_BASE_URL", "http://127.0.0.1:1/v1")
+    monkeypatch.setenv("MNEMO_LLM_MAX_RETRIES", "0")
+    store = str(tmp_path / "store")
+    assert invoke("--store", store, "ingest", str(SAMPLE), "--format", "jsonl").exit_code == 0
+    out = invoke("--store", store, "consolidate", "--engine", "local", "--llm", "openai", "--llm-model", "m")
+    assert out.exit_code == 1, out.output
+    assert "failed: " in out.stderr and "APIConnectionError" in out.stderr and "Traceback" not in out.output
+
+
 def test_a_run_that_quarantined_work_exits_3(tmp_path: Path,
                                              flows_seen: list[tuple[str, Settings, dict[str, Any]]]) -> None:
     """A nightly cron tells "finished, but LLM work was set aside" (3) from success (0) and bad input (2)."""
