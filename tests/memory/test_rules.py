@@ -12,7 +12,7 @@ from memory import prompts
 from memory.dates import find_time_expression, normalize_date, time_match
 from memory.llm.base import LLMRequest, backend_factory
 from memory.llm.rules import RulesBackend, TASKS
-from memory.text import categorize, key_phrase, third_person
+from memory.text import categorize, key_phrase, prose, third_person
 from tests.helpers import LOCOMO
 
 MSG_DAY = datetime(2023, 5, 8, 13, 56)        # a Monday
@@ -183,6 +183,26 @@ def test_extract_empty_and_odd_sessions():
                     ("m3", "Bo", "I adopted a cat named Luna", "2024-01-01")])
     answer = _extract(odd)
     assert [it["message_id"] for lst in answer.values() for it in lst] == ["m3"]
+
+
+def test_code_blocks_are_not_statements():
+    """Pasted code is not something the user says about themselves: no fragment comes from a fenced
+    or indented code block, while the prose around it still makes fragments."""
+    text = ("I'm building a Flask app for my expense tracker.\n```python\nfrom flask import Flask, request\n"
+            "# Implement user login for my app\nId = db.Column(db.Integer, primary_key=True)\n```\n"
+            "My deadline is April 3 and I want to finish the login page first.\n\n"
+            "    # Initialize Bootstrap components for my page\n\nThat's the code I have.")
+    answer = _extract(_session([("m1", "user", text, "2024-01-01T00:00:00")]))
+    values = [it["value"] for lst in answer.values() for it in lst]
+    assert any("expense tracker" in v for v in values) and any("April 3" in v for v in values)
+    assert not any(w in v for v in values for w in ("import", "Implement user login", "Column", "Bootstrap"))
+    assert prose("no code here\n  indented two spaces") == "no code here\n  indented two spaces"
+    assert prose("a\n```\nunclosed fence\nto the end") == "a"
+    # line breaks the parser does not count (\u2028, \x0b, \x0c) stay inside a line; \r\n and \r are \n
+    assert prose("I moved.\u2028I run.\x0bI swim.\n```\nx = 1\n```\nI live in Oslo.") == \
+        "I moved.\u2028I run.\x0bI swim.\nI live in Oslo."
+    assert prose("a\r\n```\r\ncode\r\n```\rb") == "a\nb"
+    assert prose("    I indent my messages.\n\n    x = compute(1)\n\nDone.").split() == "I indent my messages. Done.".split()
 
 
 def test_unknown_task_is_an_error():

@@ -1,8 +1,9 @@
 """Which sentences of a message are personal statements about its speaker (the `rules` extraction filter).
 
-A sentence is kept when it is not a question, has four words or more once interjections, leading
-conjunctions and vocatives are stripped, is no filler ("thanks", "sounds great", "I agree"), and says
-something about its speaker (first person) or a named thing, rather than about the other participant.
+Code blocks are not read (`memory.text.prose`). A sentence is kept when it is not a question, has
+four words or more once interjections, leading conjunctions and vocatives are stripped, is no filler
+("thanks", "sounds great", "I agree"), and says something about its speaker (first person) or a named
+thing, rather than about the other participant.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from datetime import date, datetime
 from typing import Any
 
 from memory.dates import normalize_date
-from memory.text import (CAPITALIZED_RE, NOT_ENTITY, TOKEN_RE, categorize, is_content, key_phrase, split_sentences,
-                         third_person)
+from memory.text import (CAPITALIZED_RE, NOT_ENTITY, TOKEN_RE, categorize, is_content, key_phrase, prose,
+                         split_sentences, third_person)
 
 __all__ = ["vocative_forms", "personal_statements", "sentence_item"]
 
@@ -111,8 +112,9 @@ def _personal(s: str, vocatives: set[str]) -> bool:
 
 
 def personal_statements(text: str, vocatives: set[str]) -> Iterator[str]:
-    """Each personal statement in one message, cleaned (first person, as said)."""
-    for raw in split_sentences(text):
+    """Each personal statement in one message, cleaned (first person, as said); code blocks are
+    not read (`memory.text.prose`)."""
+    for raw in split_sentences(prose(text)):
         if raw.rstrip("\"')").endswith("?"):
             continue
         s = _strip_vocative(_clean(raw), vocatives)

@@ -19,7 +19,7 @@ import numpy as np
 
 from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, contradiction, decide, is_statement,
                                          quantities, says_never)
-from memory.text import split_sentences
+from memory.text import prose, split_sentences
 
 __all__ = ["History", "QuantityIndex", "Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
            "MAX_CONTRADICTED", "MAX_SENTENCES"]
@@ -103,9 +103,9 @@ class Turns:
         return self._qindex.ranked(quantities(str(f.get("content") or "")), unitless_as_units=True)[:MAX_TURNS]
 
     def split(self, j: int) -> list[str]:
-        """Every sentence of turn j (cached: each turn is split once)."""
+        """Every sentence of turn j outside its code blocks (cached: each turn is split once)."""
         if j not in self._split:
-            self._split[j] = split_sentences(str(self.rows[j].get("text") or ""))
+            self._split[j] = split_sentences(prose(str(self.rows[j].get("text") or "")))
         return self._split[j]
 
     def sentences(self, j: int) -> list[str]:
