@@ -89,6 +89,13 @@ class RetrievalSettings(BaseModel):
                                    "turn once with the single-source memories citing it (its fragments): "
                                    "s_turn + n^-γ·max(0, best member − s_turn) for n members (strategies."
                                    "pool_turns); 0: the plain max over them (off)")
+    instruction_slots: int = Field(1, ge=0, description="places kept in a result for the user's standing "
+                                   "instructions to an assistant (\"Always ... when I ask about ...\"): the best-matching "
+                                   "ones no item cites yet, never all k places (retrieval.instructions); 0: off")
+    instruction_min_score: float = Field(0.3, ge=-1.0, le=1.0, description="cosine an instruction needs with "
+                                         "the query to take its place")
+    instruction_rank: int = Field(4, ge=0, description="0-based place a pinned instruction takes (4: the fifth, "
+                                  "below the four best memories); a shorter list gets it last")
     validity: bool = Field(True, description="a superseded memory the strategy returns is ranked right below "
                            "its current replacement (pulled in when missing), a contradicted one next to its "
                            "counterpart, and context() shows history and contradictions (retrieval.validity; "

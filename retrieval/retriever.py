@@ -23,6 +23,7 @@ from memory.store import Store
 from retrieval.context import build_context, fit_context
 from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
+from retrieval.instructions import pin_instruction
 from retrieval.rerank.model import GLOBAL, Reranker, RerankerCache, scope_key
 from retrieval.strategies import STRATEGIES, Query, novel_order, profile_row
 from retrieval.validity import annotate, asks_history, order_current
@@ -238,9 +239,10 @@ class Retriever:
         if do_rerank:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
                                         dedupe=q.deduped)
+        rows, scores, pinned = pin_instruction(index, rows, scores, vec, k, s, q.kinds, q.signals)
         if s.validity:
             rows, scores, moved = order_current(index, rows, scores, vec, k, history=asks_history(text),
-                                                kinds=q.kinds)
+                                                kinds=q.kinds, keep=pinned)
             q.signals.update(moved)
         result.route = route
         result.deduped = q.deduped

@@ -215,3 +215,18 @@ def test_asks_history_reads_the_question() -> None:
               "How much do I pay at the beginning of every month?", "What is my rent now?",
               "What framework did you use to build it?", None):
         assert not asks_history(q), q
+
+
+def test_kept_rows_survive_the_cut(validity_store: Store, embedder: Embedder) -> None:
+    """A pulled-in current version pushes the last row out, unless that row is kept (a pinned
+    standing instruction, `retrieval.instructions`): then the last other row goes."""
+    r = _retriever(validity_store, embedder, True)
+    idx = r.user_index(USER)
+    vec = embedder.embed(["How much is the monthly rent for the flat on Elm Street?"])[0]
+    row = idx.row_of_id()
+    rows = np.asarray([row["f0"], row["msg-x0"], row["msg-x1"]], dtype=np.int64)
+    scores = (idx.z[rows] @ vec).astype(np.float32)
+    plain, _, _ = order_current(idx, rows, scores, vec, 3)
+    assert plain.tolist() == [row["f3"], row["f0"], row["msg-x0"]]          # pulled in, the last cut
+    kept, _, _ = order_current(idx, rows, scores, vec, 3, keep=[row["msg-x1"]])
+    assert kept.tolist() == [row["f3"], row["f0"], row["msg-x1"]]

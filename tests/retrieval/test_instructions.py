@@ -1,0 +1,111 @@
+"""Standing instructions (`retrieval.instructions`): the user's best-matching "Always ... when I ask
+about ..." turn takes a place in the result when the ranking left it out, only in a history where an
+assistant speaks, and only when it matches the query well enough."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memory.embed import Embedder
+from memory.settings import load_settings
+from memory.store import Store
+from retrieval import RetrievalSettings, Retriever
+from retrieval.instructions import CUE, instruction_rows, is_instruction
+from tests.helpers import store_embedded, ts
+
+QUERY = "How should I list the sources I used in my paper?"
+#: (speaker, text): Zotero turns that share the query's words, the APA instruction that shares none
+TURNS = [("user", "I've added 52 sources to my Zotero library, how can I organize them for my paper?"),
+         ("assistant", "Use Zotero collections and tags to organize the sources of your paper."),
+         ("user", "Always use APA 7th edition citation style when I ask about formatting references."),
+         ("assistant", "Got it! I'll use APA 7th edition style whenever you ask about formatting references."),
+         ("user", "I'm struggling to keep the 45 sources of my paper organized in Zotero."),
+         ("user", "Never suggest paid tools when I ask about software for my garden planner."),
+         ("user", "My paper needs at least 20 peer-reviewed sources by May."),
+         ("assistant", "Start with your library's databases to find peer-reviewed sources for the paper.")]
+
+
+def _messages(user: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    return [{"id": f"{user}-m{i}", "user_id": user, "session_id": "s1", "message_id": f"m{i}", "seq": i,
+             "speaker": sp, "text": text, "ts": ts(1)} for i, (sp, text) in enumerate(turns)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
+    st = Store(str(tmp_path_factory.mktemp("instructions") / "store"), dim=embedder.dim)
+    store_embedded(st, embedder, _messages("ann", TURNS), [])
+    # the same words said between two people: no assistant, so no standing instruction
+    store_embedded(st, embedder, _messages("bo", [("Bo", t) if sp == "user" else ("Cy", t) for sp, t in TURNS]), [])
+    return st
+
+
+def _result(store: Store, embedder: Embedder, user: str, k: int = 3, **settings: Any) -> Any:
+    r = Retriever(store, RetrievalSettings(refresh_ms=0, **settings), embedder=embedder)
+    return r.retrieve(user, QUERY, k=k, strategy="dense")
+
+
+def test_a_standing_instruction_is_told_from_statements_and_questions() -> None:
+    for text in ("Always use APA style when I ask about references.", "never use emojis", "Please, always answer in French",
+                 "From now on answer in metric units", "Going forward, answer in metric units",
+                 "Whenever I ask about dates, use ISO format", "Every time I ask for code, please add tests.",
+                 "Make sure to include version numbers.", "  \"Always cite sources\"", "Don't ever use emojis.",
+                 "Remember to always cite APA.", "Always embed the chart.", "Never proceed without a backup."):
+        assert is_instruction(text), text
+    for text in ("I always use APA style", "Is it always like that?", "Alwaysland is a town", "Sure, never mind",
+                 "Never mind, I found the bug myself.", "Always wanted to try bouldering, where do I start?",
+                 "Never been to Japan.", "Never had a dog.", "Always loved hiking.", "From now on I'm vegetarian.",
+                 "Whenever I run the tests my laptop freezes, any idea why?", "Every time I deploy, Heroku times out.",
+                 "Whenever I run tests, my laptop freezes.", "Always use tabs?"):
+        assert not is_instruction(text), text
+    assert CUE.match("Never been to Japan.")         # the cue alone is not enough
+
+
+def test_instruction_rows_need_an_assistant_in_the_history(store: Store, embedder: Embedder) -> None:
+    r = Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    ann = r.user_index("ann")
+    turns = {row: m for m, row in ann.turn_rows().items()}
+    assert sorted(turns[int(i)] for i in instruction_rows(ann, ("assistant",))) == ["m2", "m5"]
+    assert instruction_rows(r.user_index("bo"), ("assistant",)).size == 0        # people talking
+    assert instruction_rows(ann, ()).size == 0
+
+
+def test_the_best_matching_instruction_takes_its_place(store: Store, embedder: Embedder) -> None:
+    off = _result(store, embedder, "ann", instruction_slots=0)
+    assert not any("m2" in it.source_ids for it in off.items)              # the ranking alone misses it
+    res = _result(store, embedder, "ann")
+    cited = [it.source_ids for it in res.items]
+    assert len(res.items) == 3 and cited[-1] == ["m2"]                      # a short list gets it last
+    assert [it.source_ids for it in off.items][:2] == cited[:2]             # the rest keeps its order
+    assert res.signals["instructions"] == ["m2"]
+    first = _result(store, embedder, "ann", instruction_rank=0)
+    assert first.items[0].source_ids == ["m2"] and first.ids[1:] == off.ids[:2]
+    assert not any("m5" in c for c in cited)                               # the garden rule matches less
+
+
+def test_no_pin_when_present_unmatched_or_off_topic(store: Store, embedder: Embedder) -> None:
+    many = _result(store, embedder, "ann", k=8, instruction_slots=0)
+    assert any("m2" in it.source_ids for it in many.items)
+    again = _result(store, embedder, "ann", k=8)
+    assert again.ids == many.ids and "instructions" not in again.signals   # already ranked: nothing moves
+    strict = _result(store, embedder, "ann", instruction_min_score=0.99)
+    assert "instructions" not in strict.signals
+    assert "instructions" not in _result(store, embedder, "bo").signals   # no assistant, no instruction
+    r = Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    frag_only = r.retrieve("ann", QUERY, k=3, strategy="familiarity", kinds=["fragment"])
+    assert frag_only.items == [] and "instructions" not in frag_only.signals  # turns not searched
+
+
+def test_the_best_memory_stays_and_signals_name_what_is_shown(store: Store, embedder: Embedder) -> None:
+    one = _result(store, embedder, "ann", k=1)
+    assert one.ids == _result(store, embedder, "ann", k=1, instruction_slots=0).ids   # k=1: no place for it
+    assert "instructions" not in one.signals
+    two = _result(store, embedder, "ann", k=2, instruction_slots=5)                 # at most k - 1 places
+    assert len(two.items) == 2 and two.items[1].source_ids == ["m2"] and two.signals["instructions"] == ["m2"]
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().retrieval.instruction_slots == 1
+    monkeypatch.setenv("MNEMO_RETRIEVAL_INSTRUCTION_SLOTS", "0")
+    assert load_settings().retrieval.instruction_slots == 0
+
