@@ -18,9 +18,10 @@ def ingest(
                                        "(default beam-<SCALE>-<N> from its folders)"),
 ) -> None:
     """Validate and load an archive into the store; bad rows are quarantined with their reason."""
-    from memory.ingest import ingest as do_ingest
+    from memory.ingest import check_archive, ingest as do_ingest
     from memory.runs import open_store
 
+    check_archive(path, fmt, user)       # a mistyped path or format creates no store
     report = do_ingest(open_store(settings_of(ctx)), path, fmt, observations_as_fragments=observations_as_fragments,
                        user_id=user)
     typer.echo(report.summary())

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from flows.service import configure_writes, create_app
+from flows.service import configure_writes, create_app, open_without_key
 from memory.embed import Embedder
 from memory.ingest import REUSED_ID
 from memory.lease import write_lease
@@ -102,3 +102,16 @@ def test_a_busy_store_answers_503_after_the_short_write_wait(sample_store: Store
         assert waited < 5, f"a refused append held its request {waited:.1f} s"
         again = c.post("/v1/users/carl/messages", json={"messages": turns(2, session="carl")}).json()
         assert (again["added"], again["duplicates"]) == (1, 1)
+
+
+@pytest.mark.parametrize("host, keyed, warned", [
+    ("127.0.0.1", False, False), ("localhost", False, False), ("::1", False, False), ("[::1]", False, False),
+    ("0.0.0.0", False, True), ("10.1.2.3", False, True), ("my-host.example", False, True),
+    ("0.0.0.0", True, False)])
+def test_serving_beyond_loopback_without_a_key_is_warned(sample_store: Store, embedder: Embedder, host: str,
+                                                         keyed: bool, warned: bool) -> None:
+    settings = RetrievalSettings(api_key="secret") if keyed else RetrievalSettings()
+    warning = open_without_key(host, Retriever(sample_store, settings, embedder=embedder))
+    assert (warning is not None) == warned
+    if warning:
+        assert host in warning and "MNEMO_API_KEY" in warning

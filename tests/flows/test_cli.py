@@ -71,8 +71,8 @@ def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, 
     assert isinstance(out.exception, SystemExit)
     assert out.stderr.startswith("error: ") and message.format(tmp=tmp_path) in out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
-    if args == ("consolidate",):
-        assert not (tmp_path / "store").exists()             # nothing made where the store was mistyped
+    if args[0] in ("consolidate", "ingest"):
+        assert not (tmp_path / "store").exists()             # nothing made for a mistyped store or archive
 
 
 @pytest.mark.parametrize("variable, value, where", [("MNEMO_THETA", "abc", "theta"),
