@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memory.dates import IRREGULAR_PAST
 from memory.settings import RetrievalSettings
 from retrieval.index import UserIndex
 
@@ -34,9 +33,14 @@ CUE = re.compile(r"^\W*(?:please\s*,?\s+)?(?:(?:remember\s+to\s+)?(?:always|neve
                  r"|(?:from\s+now\s+on|going\s+forward|in\s+(?:the\s+)?future)\s*,?\s+(?P<then>[a-z']+)"
                  r"|(?:whenever|every\s+time)\b[^,.;!?]*,\s*(?P<then2>[a-z']+))", re.IGNORECASE)
 #: words after "always"/"never" that make a statement about oneself, not an order ("Never been to
-#: Japan", "Always wanted to ...", "Never mind"): simple pasts and participles
-_SAID_OF_ONESELF = (frozenset(IRREGULAR_PAST) - {"read", "put", "set"}) | {
-    "been", "seen", "done", "gone", "known", "given", "taken", "mind", "got", "gotten", "felt"}
+#: Japan", "Always wanted to ...", "Never mind"): irregular simple pasts and participles (regular ones
+#: end in -ed); its own list, since retrieval reads the store and imports no extraction module
+_SAID_OF_ONESELF = frozenset((
+    "went did saw met got took made ran bought brought caught taught thought felt found gave had was were "
+    "won began sang swam drove rode wrote spoke broke chose fell flew grew knew left lost paid said sent "
+    "spent sold told understood built heard kept led lent meant sat slept stood struck swore threw wore "
+    "woke ate drank came became forgot held hung fought bit hid shot shook tore been seen done gone known "
+    "given taken gotten mind").split())
 #: words that open a clause about someone rather than an order ("From now on I'm ...", "every time I
 #: deploy, the build ...")
 _SUBJECTS = frozenset("i i'm i've i'll i'd me my we we're our you you're your he she it it's they they're "
