@@ -20,6 +20,7 @@ body limit, both enforced by `retrieval.guard.RequestGuard` before any body is r
 """
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Any, Iterator, Literal, Optional
 
@@ -29,7 +30,7 @@ from starlette.types import ASGIApp
 
 from memory.errors import ConfigError, MnemoError
 from memory.ingest.append import Compactor
-from retrieval.guard import RequestGuard
+from retrieval.guard import RequestGuard, open_without_key
 from retrieval.retriever import Retriever
 
 #: where the streamable HTTP transport listens
@@ -124,4 +125,7 @@ def run(retriever: Retriever, transport: Literal["stdio", "http"] = "stdio", hos
         return
     import uvicorn
 
+    warning = open_without_key(host, retriever.settings.api_key is not None)
+    if warning:
+        logging.getLogger(__name__).warning(warning)
     uvicorn.run(http_app(retriever, host), host=host, port=port, log_level="info")

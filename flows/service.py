@@ -8,13 +8,13 @@ writes waiting at most `RetrievalSettings.write_wait_s` for the write lease (`co
 from __future__ import annotations
 
 import gc
-import ipaddress
 import logging
 
 from fastapi import FastAPI
 
 from flows import api_append, api_forget
 from memory.settings import Settings
+from retrieval.guard import open_without_key
 from retrieval.retriever import Retriever
 from retrieval.service import create_app as create_read_app
 
@@ -39,7 +39,7 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
     import uvicorn
     from threadpoolctl import threadpool_limits
 
-    warning = open_without_key(host, retriever)
+    warning = open_without_key(host, retriever.settings.api_key is not None)
     if warning:
         log.warning(warning)
     threadpool_limits(limits=1, user_api="blas")
@@ -51,21 +51,6 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
     # reach: a full collection would otherwise scan it all, stopping every request for 0.2-0.4 s
     gc.freeze()
     uvicorn.run(app, host=host, port=port, log_level="info")
-
-
-def open_without_key(host: str, retriever: Retriever) -> str | None:
-    """A warning when the service would bind beyond loopback with no `MNEMO_API_KEY`: every user's
-    memory, and the routes that write and forget it, open to anyone who can reach the port."""
-    if retriever.settings.api_key is not None:
-        return None
-    try:
-        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = host.lower() == "localhost"
-    if loopback:
-        return None
-    return (f"serving on {host} without MNEMO_API_KEY: anyone who reaches the port reads, writes and "
-            "forgets every user's memory; set MNEMO_API_KEY or bind 127.0.0.1")
 
 
 def configure_writes(retriever: Retriever, settings: Settings | None = None) -> None:

@@ -18,6 +18,7 @@ A route that takes larger bodies (appends) gets its own limit by path (`path_lim
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import re
 from typing import Any, Sequence
@@ -110,3 +111,18 @@ async def _reply(send: Send, status: int, detail: str, headers: list[tuple[bytes
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                             (b"connection", b"close"), *(headers or [])]})
     await send({"type": "http.response.body", "body": payload})
+
+
+def open_without_key(host: str, keyed: bool) -> str | None:
+    """A warning when a server would bind `host` beyond loopback with no API key (`keyed` false):
+    every user's memory, and the routes that write and forget it, open to anyone who reaches the port."""
+    if keyed:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host.lower() == "localhost"
+    if loopback:
+        return None
+    return (f"serving on {host} without MNEMO_API_KEY: anyone who reaches the port reads, writes and "
+            "forgets every user's memory; set MNEMO_API_KEY or bind 127.0.0.1")
