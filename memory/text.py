@@ -17,6 +17,7 @@ Deterministic, English-only, regex based:
 from __future__ import annotations
 
 import re
+import textwrap
 from functools import lru_cache
 
 from markdown_it import MarkdownIt
@@ -302,16 +303,29 @@ def _markdown() -> MarkdownIt:
 _INDENTED_RE = re.compile(r"(?m)^(?: {4}| {0,3}\t)")
 
 
-@lru_cache(maxsize=2048)
+#: longer texts are parsed each time they are read, not cached (a message may hold 1M characters)
+_PROSE_CACHE_CHARS = 20_000
+
+
 def prose(text: str) -> str:
     """`text` without its Markdown code blocks (fenced or indented), found by markdown-it's block
     parser: pasted code is not something its speaker says about themselves, and split by lines it
-    became one "statement" per line (42 % of a BEAM 100K chat's fragments were code lines). The text
-    is stripped and its line breaks normalized to \\n first, the only ones the parser counts. Cached:
-    extraction, topics and the supersede stage each read a message."""
-    text = text.strip()         # a message's own indentation is not a code block
+    became one "statement" per line (42 % of a BEAM 100K chat's fragments were code lines). Line
+    breaks are normalized to \\n first (the only ones the parser counts), then the indentation every
+    line shares is removed and the text stripped: a message's own indentation is not a code block.
+    Cached up to `_PROSE_CACHE_CHARS`: extraction, topics and the supersede stage each read a message."""
+    return _cached_prose(text) if len(text) <= _PROSE_CACHE_CHARS else _prose(text)
+
+
+@lru_cache(maxsize=4096)
+def _cached_prose(text: str) -> str:
+    return _prose(text)
+
+
+def _prose(text: str) -> str:
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = textwrap.dedent(text).strip()
     if "```" not in text and "~~~" not in text and not _INDENTED_RE.search(text):
         return text             # no code block can start: skip the parse
     lines = text.split("\n")

@@ -4,8 +4,9 @@
 and a query rarely shares their words: "How should I list the sources in my paper?" matches the
 Zotero turns above the APA one. So the retriever keeps a place for them: the user's best-matching
 standing instruction (cosine at least `instruction_min_score`) that no item cites yet takes the place
-`instruction_rank` and the list's last item drops out (`instruction_slots` of them, never all k
-places). The validity ordering that follows keeps it.
+`instruction_rank` and, in a full list, the last item drops out (`instruction_slots` of them,
+never all k places; an instruction the ranking returned fills one). The validity ordering that
+follows keeps it.
 
 An instruction is a turn by a speaker who is not an assistant (`assistant_speakers`), in a history
 where an assistant speaks, that opens with a standing cue (`is_instruction`, English heuristics).
@@ -25,33 +26,60 @@ from retrieval.index import UserIndex
 
 __all__ = ["CUE", "is_instruction", "instruction_rows", "pin_instruction"]
 
-#: how a standing instruction opens: "(Remember to) always / never / don't ever <verb>", or "From now
-#: on", "Going forward", "In (the) future", "Whenever ...,", "Every time ...," followed by what to do;
-#: "Make sure to/you"; each optionally after "please"
-CUE = re.compile(r"^\W*(?:please\s*,?\s+)?(?:(?:remember\s+to\s+)?(?:always|never|do\s+not\s+ever|don't\s+ever)"
-                 r"\s+(?P<verb>[a-z']+)|make\s+sure\s+(?:to|you)\b"
-                 r"|(?:from\s+now\s+on|going\s+forward|in\s+(?:the\s+)?future)\s*,?\s+(?P<then>[a-z']+)"
-                 r"|(?:whenever|every\s+time)\b[^,.;!?]*,\s*(?P<then2>[a-z']+))", re.IGNORECASE)
+#: what may come before the cue: a filler word ("Also, ...", "Hi! ...") and "please"
+_OPENER = (r"^\W*(?:(?:also|and|btw|oh|ok|okay|hi|hey|so|but|one\s+more\s+thing)\b[\s,!.:;-]*)?"
+           r"(?:please\s*,?\s+)?")
+#: how a standing instruction opens: "(Remember to / I'd like you to / I want you to) always / never
+#: (, ever) / don't ever <verb>", "From now on", "Going forward", "In (the) future", "Whenever ...,",
+#: "Every time ...,", "When/If I ask (mention, talk ...) ...," followed by what to do; "Make sure to/you"
+CUE = re.compile(
+    _OPENER + r"(?:(?:(?:remember\s+to|i(?:'d|\s+would)\s+like\s+you\s+to|i\s+want\s+you\s+to)\s+)?"
+    r"(?:always|never(?:\s*,?\s*ever)?|do\s+not\s+ever|don't\s+ever)[\s*_,]+"
+    r"(?:(?:really|just|ever|even|actually|truly|still|also|only|totally|definitely|honestly)\s+)?"
+    r"(?P<verb>[a-z']+)(?:\s+(?P<verb_next>[a-z']+))?"
+    r"|make\s+sure\s+(?:to|you)\b"
+    r"|(?:from\s+now\s+on|going\s+forward|in\s+(?:the\s+)?future)\s*,?\s+(?P<then>[a-z']+)"
+    r"(?:\s+(?P<then_next>[a-z']+))?"
+    r"|(?:whenever|every\s+time|(?:when|if)\s+i\s+(?:ask|mention|talk|request|bring|need|want|share|send))\b"
+    r"[^,.;!?]*,\s*(?P<then2>[a-z']+)(?:\s+(?P<then2_next>[a-z']+))?)", re.IGNORECASE)
 #: words after "always"/"never" that make a statement about oneself, not an order ("Never been to
-#: Japan", "Always wanted to ...", "Never mind"): irregular simple pasts and participles (regular ones
-#: end in -ed); its own list, since retrieval reads the store and imports no extraction module
+#: Japan", "Always wanted to ...", "Never mind", "Always so busy", "Never know what to cook"):
+#: irregular simple pasts and participles (regular ones end in -ed), words that are no verb, and
+#: verbs of feeling and knowing; its own list, since retrieval reads the store and imports no
+#: extraction module
 _SAID_OF_ONESELF = frozenset((
     "went did saw met got took made ran bought brought caught taught thought felt found gave had was were "
     "won began sang swam drove rode wrote spoke broke chose fell flew grew knew left lost paid said sent "
     "spent sold told understood built heard kept led lent meant sat slept stood struck swore threw wore "
     "woke ate drank came became forgot held hung fought bit hid shot shook tore been seen done gone known "
-    "given taken gotten mind").split())
+    "given taken gotten mind so enough too very such quite pretty the a an my our there in on at with for "
+    "am is are be know struggle wonder feel seem wish hate love enjoy like want need").split())
 #: words that open a clause about someone rather than an order ("From now on I'm ...", "every time I
 #: deploy, the build ...")
 _SUBJECTS = frozenset("i i'm i've i'll i'd me my we we're our you you're your he she it it's they they're "
-                      "their this that these those there the a an".split())
+                      "their this that these those there the a an everyone someone nobody people things".split())
+#: a second word that makes the first a subject ("Whenever it rains, traffic is bad")
+_VERBS_AFTER_SUBJECT = frozenset("is are was were has have had gets keeps seems will would can could does did "
+                                 "doesn't won't can't isn't wasn't".split())
+#: imperatives that end like a participle or a third person
+_ING_VERBS = frozenset("bring spring string swing sing ring".split())
+
+
+def _inflected(word: str) -> bool:
+    """Does `word` end like a participle, a past or a third person ("breaks", "crashes", "running")?"""
+    if word.endswith("ing"):
+        return len(word) >= 6 and word not in _ING_VERBS
+    if word.endswith("ed"):
+        return not word.endswith("eed") and word not in ("embed", "shed")
+    return word.endswith("s") and not word.endswith(("ss", "us")) and word not in ("always", "let's")
 
 
 def is_instruction(text: str) -> bool:
     """Does a turn open with a standing instruction (`CUE`) rather than a question or a statement
-    about its speaker? English heuristics: its first sentence is no question, the verb after
-    "always"/"never" is no past form, and what follows "from now on" or a "whenever ...," clause is
-    no subject: no pronoun or article, no capitalized name (an order has none)."""
+    about its speaker? English heuristics: its first sentence is no question, the word after
+    "always"/"never" is a verb that can give an order (no past form, participle, feeling or
+    knowing; "have" not before "I" or "been"), and what follows "from now on" or a "whenever ...,"
+    clause is no subject (no pronoun, article, capitalized name or inflected word: an order has none)."""
     m = CUE.match(text)
     if m is None:
         return False
@@ -59,11 +87,15 @@ def is_instruction(text: str) -> bool:
     if first is not None and first.group(0).endswith("?"):
         return False
     verb = (m.group("verb") or "").lower()
-    if verb and (verb in _SAID_OF_ONESELF or (verb.endswith("ed") and not verb.endswith("eed")
-                                              and verb not in ("embed", "shed"))):
-        return False
+    if verb:
+        after = (m.group("verb_next") or "").lower()
+        return not (verb in _SAID_OF_ONESELF or _inflected(verb)
+                    or (verb in ("have", "has") and (after in ("i", "we", "you", "they", "been")
+                                                     or _inflected(after))))
     then = m.group("then") or m.group("then2") or ""
-    return not then or (then[0].islower() and then not in _SUBJECTS)   # "..., Heroku times out": a subject
+    after = (m.group("then_next") or m.group("then2_next") or "").lower()
+    return not then or (then[0].islower() and then not in _SUBJECTS and not _inflected(then)
+                        and after not in _VERBS_AFTER_SUBJECT)
 
 
 def instruction_rows(index: UserIndex, assistants: tuple[str, ...]) -> np.ndarray:
@@ -88,9 +120,9 @@ def instruction_rows(index: UserIndex, assistants: tuple[str, ...]) -> np.ndarra
 def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray, k: int,
                     settings: RetrievalSettings, kinds: tuple[str, ...],
                     signals: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """`rows` with the user's best-matching standing instructions (up to `instruction_slots`, never
-    all k places: the best memory stays) at `instruction_rank` when each matches well enough and no
-    item already cites its turn; the list stays at most k long. Also returns the pinned rows (the
+    """`rows` with the user's best-matching standing instructions (up to `instruction_slots` less
+    those the ranking returned, never all k places: the best memory stays) at `instruction_rank`
+    when each matches well enough and no item already cites its turn; the list stays at most k long. Also returns the pinned rows (the
     validity ordering keeps them). A pinned row's score is its cosine, so scores are not monotone
     there."""
     slots = min(settings.instruction_slots, k - 1)
@@ -101,12 +133,15 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
         return rows, scores, []
     cos = index.z[found] @ vec
     cited = {m for r in rows.tolist() for m in index.source_ids(r)}
-    pinned = [int(found[i]) for i in np.argsort(-cos, kind="stable")
-              if cos[i] >= settings.instruction_min_score and not set(index.source_ids(int(found[i]))) <= cited][:slots]
-    if not pinned:
+    held = np.asarray([set(index.source_ids(int(r))) <= cited for r in found.tolist()], dtype=bool)
+    slots -= int(held.sum())                # an instruction the ranking returned fills its place
+    best = [int(i) for i in np.argsort(-cos, kind="stable")
+            if cos[i] >= settings.instruction_min_score and not held[i]][:max(slots, 0)]
+    if not best:
         return rows, scores, []
+    pinned = [int(found[i]) for i in best]
     at = min(settings.instruction_rank, rows.size, k - len(pinned))
     new_rows = np.concatenate([rows[:at], np.asarray(pinned, dtype=np.int64), rows[at:]])[:k]
-    new_scores = np.concatenate([scores[:at], (index.z[pinned] @ vec).astype(np.float32), scores[at:]])[:k]
+    new_scores = np.concatenate([scores[:at], cos[best].astype(np.float32), scores[at:]])[:k]
     signals["instructions"] = [index.source_ids(r)[0] for r in pinned]
     return new_rows, new_scores.astype(np.float32), pinned

@@ -203,6 +203,10 @@ def test_code_blocks_are_not_statements():
         "I moved.\u2028I run.\x0bI swim.\nI live in Oslo."
     assert prose("a\r\n```\r\ncode\r\n```\rb") == "a\nb"
     assert prose("    I indent my messages.\n\n    x = compute(1)\n\nDone.").split() == "I indent my messages. Done.".split()
+    every = "    I moved to Berlin.\n\n    I love cats.\n\n    My wife is Ann."      # indentation every line shares
+    assert prose(every).split() == "I moved to Berlin. I love cats. My wife is Ann.".split()
+    long = "I moved to Berlin.\n```\nx = 1\n```\n" + "I run every day. " * 2000        # not cached, same answer
+    assert prose(long) == long.replace("```\nx = 1\n```\n", "").strip()
 
 
 def test_unknown_task_is_an_error():

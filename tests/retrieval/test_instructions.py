@@ -50,13 +50,24 @@ def test_a_standing_instruction_is_told_from_statements_and_questions() -> None:
                  "From now on answer in metric units", "Going forward, answer in metric units",
                  "Whenever I ask about dates, use ISO format", "Every time I ask for code, please add tests.",
                  "Make sure to include version numbers.", "  \"Always cite sources\"", "Don't ever use emojis.",
-                 "Remember to always cite APA.", "Always embed the chart.", "Never proceed without a backup."):
+                 "Remember to always cite APA.", "Always embed the chart.", "Never proceed without a backup.",
+                 "Also, always cite your sources.", "Hi! From now on, use metric units.", "Never, ever use tabs.",
+                 "When I ask about recipes, always include calories.", "I'd like you to always answer in French.",
+                 "**Always** use metric.", "Always bring a checklist.", "Always have a backup ready.",
+                 "Whenever I ask about dates, let's use ISO format.", "Never forget to cite the source."):
         assert is_instruction(text), text
     for text in ("I always use APA style", "Is it always like that?", "Alwaysland is a town", "Sure, never mind",
                  "Never mind, I found the bug myself.", "Always wanted to try bouldering, where do I start?",
                  "Never been to Japan.", "Never had a dog.", "Always loved hiking.", "From now on I'm vegetarian.",
                  "Whenever I run the tests my laptop freezes, any idea why?", "Every time I deploy, Heroku times out.",
-                 "Whenever I run tests, my laptop freezes.", "Always use tabs?"):
+                 "Whenever I run tests, my laptop freezes.", "Always use tabs?",
+                 "Whenever I deploy, everything breaks.", "Whenever I run tests, nothing happens.",
+                 "Whenever I run the script, crashes happen.", "Whenever it rains, traffic is bad.",
+                 "Whenever I'm stressed, running helps.", "Going forward, prices went up.",
+                 "Never really liked coffee.", "Always thinking about the next project.", "Always so busy lately.",
+                 "Never enough time in the day.", "Never have I seen such a mess.", "Always have been a night owl.",
+                 "Never know what to cook.", "Always struggle with deadlines at work.",
+                 "When I ran the script, it crashed."):
         assert not is_instruction(text), text
     assert CUE.match("Never been to Japan.")         # the cue alone is not enough
 
@@ -109,3 +120,14 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MNEMO_RETRIEVAL_INSTRUCTION_SLOTS", "0")
     assert load_settings().retrieval.instruction_slots == 0
 
+
+
+def test_an_instruction_the_ranking_returned_fills_its_place(store: Store, embedder: Embedder) -> None:
+    order = [it.source_ids[0] for it in _result(store, embedder, "ann", k=8, instruction_slots=0).items]
+    k = order.index("m5")                                # the APA rule is ranked above k, the garden rule not
+    assert 1 <= order.index("m2") < k
+    ranked = _result(store, embedder, "ann", k=k, instruction_slots=0)
+    one = _result(store, embedder, "ann", k=k, instruction_min_score=-1.0)
+    assert one.ids == ranked.ids and "instructions" not in one.signals   # no second rule pushes a memory out
+    two = _result(store, embedder, "ann", k=k, instruction_min_score=-1.0, instruction_slots=2)
+    assert two.signals["instructions"] == ["m5"] and ["m5"] in [it.source_ids for it in two.items]
