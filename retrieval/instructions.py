@@ -26,72 +26,101 @@ from retrieval.index import UserIndex
 
 __all__ = ["CUE", "is_instruction", "instruction_rows", "pin_instruction"]
 
-#: what may come before the cue: a filler word ("Also, ...", "Hi! ...") and "please"
-_OPENER = (r"^\W*(?:(?:also|and|btw|oh|ok|okay|hi|hey|so|but|one\s+more\s+thing)\b[\s,!.:;-]*)?"
-           r"(?:please\s*,?\s+)?")
+#: how much of a turn the cue reads, its whitespace collapsed first (no regex backtracks over a
+#: long run of spaces, and the cue is in the first words)
+_HEAD_CHARS = 300
+#: what may come before the cue: filler words ("Also, ...", "Thanks! Oh and ...") and "please"
+_OPENER = (r"^\W*(?:(?:also|and|btw|oh|ok|okay|hi|hey|so|but|thanks|thank\s+you|great|perfect|cool|alright"
+           r"|one\s+more\s+thing)\b[ ,!.:;-]*){0,3}(?:(?:please|pls)[ ,]+)?")
+#: how "from now on" and a "whenever ...," clause may lead into the order ("From now on, I want you to")
+_LEAD = r"(?:(?:i\s+want\s+you\s+to|i(?:'d|\s+would)\s+like(?:\s+you\s+to)?|you\s+(?:should|must)|please|pls)\s+)?"
 #: how a standing instruction opens: "(Remember to / I'd like you to / I want you to) always / never
 #: (, ever) / don't ever <verb>", "From now on", "Going forward", "In (the) future", "Whenever ...,",
-#: "Every time ...,", "When/If I ask (mention, talk ...) ...," followed by what to do; "Make sure to/you"
+#: "Every time ...,", "When/If I (you) ask (mention, paste, give ...) ...," followed by what to do;
+#: "Make sure to/you/your"
 CUE = re.compile(
     _OPENER + r"(?:(?:(?:remember\s+to|i(?:'d|\s+would)\s+like\s+you\s+to|i\s+want\s+you\s+to)\s+)?"
-    r"(?:always|never(?:\s*,?\s*ever)?|do\s+not\s+ever|don't\s+ever)[\s*_,]+"
+    r"(?:always|never(?: ?, ?ever)?|do\s+not\s+ever|don't\s+ever)[ *_,]+"
     r"(?:(?:really|just|ever|even|actually|truly|still|also|only|totally|definitely|honestly)\s+)?"
     r"(?P<verb>[a-z']+)(?:\s+(?P<verb_next>[a-z']+))?"
-    r"|make\s+sure\s+(?:to|you)\b"
-    r"|(?:from\s+now\s+on|going\s+forward|in\s+(?:the\s+)?future)\s*,?\s+(?P<then>[a-z']+)"
-    r"(?:\s+(?P<then_next>[a-z']+))?"
-    r"|(?:whenever|every\s+time|(?:when|if)\s+i\s+(?:ask|mention|talk|request|bring|need|want|share|send))\b"
-    r"[^,.;!?]*,\s*(?P<then2>[a-z']+)(?:\s+(?P<then2_next>[a-z']+))?)", re.IGNORECASE)
+    r"|make\s+sure\s+(?:to|you|your)\b"
+    r"|(?:from\s+now\s+on|going\s+forward|in\s+(?:the\s+)?future) ?,? " + _LEAD +
+    r"(?P<then>[a-z']+)(?:\s+(?P<then_next>[a-z']+))?"
+    r"|(?:whenever|every\s+time|(?:when|if)\s+(?:i|you)\s+(?:ever\s+)?(?:ask|mention|talk|request|bring|need"
+    r"|want|share|send|paste|give|show|write|suggest|recommend|answer|reply|respond))\b"
+    r"(?:[^,.;!?]|\.(?=\w))*, ?" + _LEAD + r"(?P<then2>[a-z']+)(?:\s+(?P<then2_next>[a-z']+))?)", re.IGNORECASE)
 #: words after "always"/"never" that make a statement about oneself, not an order ("Never been to
-#: Japan", "Always wanted to ...", "Never mind", "Always so busy", "Never know what to cook"):
-#: irregular simple pasts and participles (regular ones end in -ed), words that are no verb, and
-#: verbs of feeling and knowing; its own list, since retrieval reads the store and imports no
-#: extraction module
+#: Japan", "Always wanted to ...", "Never mind", "Always so busy", "Never know what to cook", "Never
+#: can remember", "Always hungry"): irregular simple pasts and participles (regular ones end in -ed),
+#: words that are no verb, modals, adjectives of mood, and verbs of feeling and knowing; its own
+#: list, since retrieval reads the store and imports no extraction module
 _SAID_OF_ONESELF = frozenset((
     "went did saw met got took made ran bought brought caught taught thought felt found gave had was were "
     "won began sang swam drove rode wrote spoke broke chose fell flew grew knew left lost paid said sent "
     "spent sold told understood built heard kept led lent meant sat slept stood struck swore threw wore "
     "woke ate drank came became forgot held hung fought bit hid shot shook tore been seen done gone known "
-    "given taken gotten mind so enough too very such quite pretty the a an my our there in on at with for "
-    "am is are be know struggle wonder feel seem wish hate love enjoy like want need").split())
-#: words that open a clause about someone rather than an order ("From now on I'm ...", "every time I
-#: deploy, the build ...")
+    "given taken gotten mind so enough too very such quite again the a an my our there in on at with for "
+    "am is are can could will would should must might may know struggle wonder seem wish hate love enjoy "
+    "like want need hungry sure happy sad tired busy late early glad ready afraid scared worried excited "
+    "nervous good bad fine").split())
+#: words that open a clause about someone or something rather than an order ("From now on I'm ...",
+#: "every time I deploy, the build ...", "In the future, maybe I'll ...")
 _SUBJECTS = frozenset("i i'm i've i'll i'd me my we we're our you you're your he she it it's they they're "
-                      "their this that these those there the a an everyone someone nobody people things".split())
-#: a second word that makes the first a subject ("Whenever it rains, traffic is bad")
+                      "their this that these those there the a an everyone someone nobody people things "
+                      "maybe perhaps probably hopefully once someday".split())
+#: a second word that makes the first a subject ("Whenever it rains, traffic is bad", "git says ...")
 _VERBS_AFTER_SUBJECT = frozenset("is are was were has have had gets keeps seems will would can could does did "
-                                 "doesn't won't can't isn't wasn't".split())
+                                 "doesn't won't can't isn't wasn't says goes fails crashes breaks hangs dies "
+                                 "freezes stops happens flies takes makes looks feels works runs".split())
+#: adverbs in -ly that stand before the verb ("Never fully understood ..."), and verbs that end so
+_LY_VERBS = frozenset("apply reply supply rely fly ally multiply comply imply".split())
 #: imperatives that end like a participle or a third person
-_ING_VERBS = frozenset("bring spring string swing sing ring".split())
+_IMPERATIVES = frozenset("bring spring string swing sing ring embed shed shred bias alias let's lets pls "
+                         "always".split())
 
 
 def _inflected(word: str) -> bool:
     """Does `word` end like a participle, a past or a third person ("breaks", "crashes", "running")?"""
+    if word in _IMPERATIVES:
+        return False
     if word.endswith("ing"):
-        return len(word) >= 6 and word not in _ING_VERBS
+        return len(word) >= 6
     if word.endswith("ed"):
-        return not word.endswith("eed") and word not in ("embed", "shed")
-    return word.endswith("s") and not word.endswith(("ss", "us")) and word not in ("always", "let's")
+        return not word.endswith("eed")
+    return word.endswith("s") and not word.endswith(("ss", "us"))
+
+
+def _orders(verb: str, after: str) -> bool:
+    """Can "always/never <verb> <after>" give an order, rather than say something of the speaker?"""
+    if verb.endswith("ly") and verb not in _LY_VERBS and after:
+        return not (after in _SAID_OF_ONESELF or _inflected(after))       # "Never fully understood ..."
+    if verb == "feel":
+        return after == "free"                                              # "Always feel free to ask"
+    if verb == "forget":
+        return after == "to"                                                # not "Always forget my keys"
+    if verb == "get" and after.endswith("ed"):
+        return False                                                        # "Always get confused"
+    if verb in ("have", "has") and (after in ("i", "we", "you", "they", "been") or after.endswith("ed")):
+        return False                                                        # "Never have I seen"
+    return not (verb in _SAID_OF_ONESELF or _inflected(verb))
 
 
 def is_instruction(text: str) -> bool:
     """Does a turn open with a standing instruction (`CUE`) rather than a question or a statement
-    about its speaker? English heuristics: its first sentence is no question, the word after
-    "always"/"never" is a verb that can give an order (no past form, participle, feeling or
-    knowing; "have" not before "I" or "been"), and what follows "from now on" or a "whenever ...,"
-    clause is no subject (no pronoun, article, capitalized name or inflected word: an order has none)."""
-    m = CUE.match(text)
+    about its speaker? English heuristics, read on the turn's first words: its first sentence is no
+    question, the word after "always"/"never" gives an order (no past form, participle, modal, mood
+    or verb of feeling and knowing), and what follows "from now on" or a "whenever ...," clause is
+    no subject (no pronoun, article, capitalized name or inflected word, nor one before a verb)."""
+    head = " ".join(text[:_HEAD_CHARS].replace("\u2019", "'").split())
+    m = CUE.match(head)
     if m is None:
         return False
-    first = re.match(r"[^.!?]*[.!?]?", text.strip())
+    first = re.match(r"[^.!?]*[.!?]?", head)
     if first is not None and first.group(0).endswith("?"):
         return False
     verb = (m.group("verb") or "").lower()
     if verb:
-        after = (m.group("verb_next") or "").lower()
-        return not (verb in _SAID_OF_ONESELF or _inflected(verb)
-                    or (verb in ("have", "has") and (after in ("i", "we", "you", "they", "been")
-                                                     or _inflected(after))))
+        return _orders(verb, (m.group("verb_next") or "").lower())
     then = m.group("then") or m.group("then2") or ""
     after = (m.group("then_next") or m.group("then2_next") or "").lower()
     return not then or (then[0].islower() and then not in _SUBJECTS and not _inflected(then)

@@ -54,7 +54,11 @@ def test_a_standing_instruction_is_told_from_statements_and_questions() -> None:
                  "Also, always cite your sources.", "Hi! From now on, use metric units.", "Never, ever use tabs.",
                  "When I ask about recipes, always include calories.", "I'd like you to always answer in French.",
                  "**Always** use metric.", "Always bring a checklist.", "Always have a backup ready.",
-                 "Whenever I ask about dates, let's use ISO format.", "Never forget to cite the source."):
+                 "Whenever I ask about dates, let's use ISO format.", "Never forget to cite the source.",
+                 "Always be concise.", "Always feel free to ask clarifying questions.", "Don\u2019t ever use emojis.",
+                 "Thanks! Oh and always use metric units.", "From now on, I want you to respond in Spanish.",
+                 "Whenever I ask about Next.js, use the app router.", "When you give me code, add comments.",
+                 "Make sure your code examples use Python 3.", "Always have tests in your code examples."):
         assert is_instruction(text), text
     for text in ("I always use APA style", "Is it always like that?", "Alwaysland is a town", "Sure, never mind",
                  "Never mind, I found the bug myself.", "Always wanted to try bouldering, where do I start?",
@@ -67,9 +71,13 @@ def test_a_standing_instruction_is_told_from_statements_and_questions() -> None:
                  "Never really liked coffee.", "Always thinking about the next project.", "Always so busy lately.",
                  "Never enough time in the day.", "Never have I seen such a mess.", "Always have been a night owl.",
                  "Never know what to cook.", "Always struggle with deadlines at work.",
-                 "When I ran the script, it crashed."):
+                 "When I ran the script, it crashed.", "Always forget my keys.", "Always get confused by pointers.",
+                 "Never can remember the difference between let and const.", "Always hungry after leg day.",
+                 "Every time I try to push, git says permission denied.", "In the future, maybe I'll move to Berlin.",
+                 "Never fully understood recursion.", "Never, ever again."):
         assert not is_instruction(text), text
     assert CUE.match("Never been to Japan.")         # the cue alone is not enough
+    assert not is_instruction("please" + " " * 50_000 + "x") and not is_instruction("never" + " " * 50_000)
 
 
 def test_instruction_rows_need_an_assistant_in_the_history(store: Store, embedder: Embedder) -> None:
