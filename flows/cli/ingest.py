@@ -18,12 +18,14 @@ def ingest(
                                        "(default beam-<SCALE>-<N> from its folders)"),
 ) -> None:
     """Validate and load an archive into the store; bad rows are quarantined with their reason."""
-    from memory.ingest import check_archive, ingest as do_ingest
+    import time
+
+    from memory.ingest import ingest_batch, read_archive
     from memory.runs import open_store
 
-    check_archive(path, fmt, user)       # a mistyped path or format creates no store
-    report = do_ingest(open_store(settings_of(ctx)), path, fmt, observations_as_fragments=observations_as_fragments,
-                       user_id=user)
+    start = time.perf_counter()
+    batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments, user_id=user)
+    report = ingest_batch(open_store(settings_of(ctx)), batch, start=start)   # read first: a bad archive makes no store
     typer.echo(report.summary())
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from memory.ingest.append import AppendReport, append
 from memory.ingest.common import FIELDS, FORMATS, MAX_ID_CHARS, MAX_TEXT_CHARS, REUSED_ID, STAGE, ArchiveBatch
 from memory.ingest.readers import Reader
-from memory.ingest.validate import check_archive, read_archive
-from memory.ingest.write import IngestReport, ingest
+from memory.ingest.validate import read_archive
+from memory.ingest.write import IngestReport, ingest, ingest_batch
 
-__all__ = ["ingest", "IngestReport", "append", "AppendReport", "FORMATS", "check_archive", "read_archive", "ArchiveBatch", "Reader", "FIELDS", "REUSED_ID",
+__all__ = ["ingest", "ingest_batch", "IngestReport", "append", "AppendReport", "FORMATS", "read_archive", "ArchiveBatch", "Reader", "FIELDS", "REUSED_ID",
            "STAGE", "MAX_TEXT_CHARS", "MAX_ID_CHARS"]

@@ -25,7 +25,7 @@ from memory.ingest.common import (OBSERVATIONS_SCHEMA, REUSED_ID, SESSIONS_SCHEM
 from memory.ingest.validate import read_archive, sessions_frame
 from memory.store import Store
 
-__all__ = ["IngestReport", "ingest", "StoredBatch", "store_batch", "count_reasons"]
+__all__ = ["IngestReport", "ingest", "ingest_batch", "StoredBatch", "store_batch", "count_reasons"]
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,19 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
 
     `user_id` (format `beam` only, one chat) files the chat under that user instead of the one its
     folders name."""
-    start, started_at = time.perf_counter(), datetime.now(timezone.utc)
-    run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    start = time.perf_counter()
     batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments, user_id=user_id)
+    return ingest_batch(store, batch, run_id=run_id, start=start)
+
+
+def ingest_batch(store: Store, batch: ArchiveBatch, *, run_id: str | None = None,
+                 start: float | None = None) -> IngestReport:
+    """Upsert one archive already read (`read_archive`) and record the run; `start` (a
+    `time.perf_counter()` reading) is when its reading began, for the report's seconds. Read first,
+    then open the store: an archive that cannot be read makes no store."""
+    start = time.perf_counter() if start is None else start
+    started_at = datetime.now(timezone.utc)
+    run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     users = sorted(set(batch.messages["user_id"].to_list()))
 
     done = store_batch(store, batch, run_id)
@@ -70,13 +80,13 @@ def ingest(store: Store, path: str | Path, fmt: str, *, observations_as_fragment
     log.info("%s: wrote %s", batch.archive, ", ".join(f"{n} {k}" for k, n in written.items()))
     reasons = count_reasons(quarantine)
     report = IngestReport(
-        archive=batch.archive, format=fmt, users=users, sessions=batch.sessions.height,
+        archive=batch.archive, format=batch.format, users=users, sessions=batch.sessions.height,
         messages_read=batch.messages_read, messages_added=new.height, observations=batch.observations.height,
         quarantined=len(quarantine), reasons=reasons, seconds=time.perf_counter() - start, run_id=run_id)
     counts = {"messages_read": report.messages_read, "messages_added": report.messages_added,
               "sessions": report.sessions, "observations": report.observations,
               "quarantined": report.quarantined, "reasons": reasons, "written": written,
-              "archive": batch.archive, "format": fmt}
+              "archive": batch.archive, "format": batch.format}
     store.upsert("runs", [{
         "id": run_id, "kind": "ingest", "status": "completed", "started_at": started_at,
         "finished_at": datetime.now(timezone.utc), "users": users,
