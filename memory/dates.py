@@ -33,6 +33,8 @@ import re
 from datetime import date, datetime
 from functools import lru_cache
 
+from memory.lexicon import IRREGULAR_PAST
+
 __all__ = ["find_time_expression", "time_match", "normalize_date", "has_future_intent", "has_past_tense",
            "to_date"]
 
@@ -85,14 +87,6 @@ _FUTURE_RE = re.compile(
     r"|would\s+love\s+to|excited\s+to)\b|'ll\b|'d\s+(?:like|love)\s+to\b",
 )   # run on lower-cased text
 
-#: irregular simple-past verbs (the tense test here; `rules` reuses them to spot past-tense clauses)
-IRREGULAR_PAST = (
-    "went did saw met got took made ran bought brought caught taught thought felt found gave "
-    "had was were won began sang swam drove rode wrote spoke broke chose fell flew grew knew "
-    "left lost paid said sent spent sold told understood built heard kept led lent meant put "
-    "read set sat slept stood struck swore threw wore woke ate drank came became forgot began "
-    "held hung fought bit hid shot shook tore"
-).split()
 _PAST_RE = re.compile(   # run on lower-cased text
     r"\b(?:" + "|".join(IRREGULAR_PAST) + r"|used\s+to|have\s+been|has\s+been|'ve\s+been|ago)\b(?!'t)"
     r"|\b(?:didn|wasn|weren|hadn)'t\b"

@@ -22,7 +22,8 @@ from functools import lru_cache
 
 from markdown_it import MarkdownIt
 
-from memory.dates import IRREGULAR_PAST, time_match
+from memory.dates import time_match
+from memory.lexicon import IRREGULAR_PAST
 
 __all__ = ["turn_text", "prose", "ROLE_SPEAKERS", "categorize", "third_person", "key_phrase", "split_sentences", "is_content", "content_tokens",
            "cap_words", "TOKEN_RE", "CAPITALIZED_RE", "NOT_ENTITY"]

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memory.lexicon import IRREGULAR_PAST
 from memory.settings import RetrievalSettings
 from retrieval.index import UserIndex
 
@@ -52,17 +53,12 @@ CUE = re.compile(
 #: words after "always"/"never" that make a statement about oneself, not an order ("Never been to
 #: Japan", "Always wanted to ...", "Never mind", "Always so busy", "Never know what to cook", "Never
 #: can remember", "Always hungry"): irregular simple pasts and participles (regular ones end in -ed),
-#: words that are no verb, modals, adjectives of mood, and verbs of feeling and knowing; its own
-#: list, since retrieval reads the store and imports no extraction module
-_SAID_OF_ONESELF = frozenset((
-    "went did saw met got took made ran bought brought caught taught thought felt found gave had was were "
-    "won began sang swam drove rode wrote spoke broke chose fell flew grew knew left lost paid said sent "
-    "spent sold told understood built heard kept led lent meant sat slept stood struck swore threw wore "
-    "woke ate drank came became forgot held hung fought bit hid shot shook tore been seen done gone known "
-    "given taken gotten mind so enough too very such quite again the a an my our there in on at with for "
-    "am is are can could will would should must might may know struggle wonder seem wish hate love enjoy "
-    "like want need hungry sure happy sad tired busy late early glad ready afraid scared worried excited "
-    "nervous good bad fine").split())
+#: words that are no verb, modals, adjectives of mood, and verbs of feeling and knowing
+_SAID_OF_ONESELF = (frozenset(IRREGULAR_PAST) - {"read", "put", "set"}) | frozenset((
+    "been seen done gone known given taken gotten mind so enough too very such quite again the a an my "
+    "our there in on at with for am is are can could will would should must might may know struggle "
+    "wonder seem wish hate love enjoy like want need hungry sure happy sad tired busy late early glad "
+    "ready afraid scared worried excited nervous good bad fine").split())
 #: words that open a clause about someone or something rather than an order ("From now on I'm ...",
 #: "every time I deploy, the build ...", "In the future, maybe I'll ...")
 _SUBJECTS = frozenset("i i'm i've i'll i'd me my we we're our you you're your he she it it's they they're "

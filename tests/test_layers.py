@@ -16,7 +16,7 @@ PACKAGES = ("memory", "retrieval", "evaluation", "flows")
 ORCHESTRATION = ("memory.stages", "memory.pipeline", "memory.runs", "memory.forget", "memory.forget_plan")
 #: what the online retriever may import from memory: reading, never building
 RETRIEVAL_MAY_IMPORT = ("memory.store", "memory.schemas", "memory.ids", "memory.errors", "memory.embed",
-                        "memory.read", "memory.settings")
+                        "memory.read", "memory.settings", "memory.lexicon")
 
 
 def layer(module: str) -> int:
