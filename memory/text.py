@@ -314,7 +314,7 @@ def prose(text: str) -> str:
     became one "statement" per line (42 % of a BEAM 100K chat's fragments were code lines). Line
     breaks are normalized to \\n first (the only ones the parser counts), then the indentation every
     line shares is removed and the text stripped: a message's own indentation is not a code block.
-    Cached up to `_PROSE_CACHE_CHARS`: extraction, topics and the supersede stage each read a message."""
+    Cached up to `_PROSE_CACHE_CHARS`: extraction and the supersede stage each read a message."""
     return _cached_prose(text) if len(text) <= _PROSE_CACHE_CHARS else _prose(text)
 
 

@@ -126,19 +126,28 @@ def is_instruction(text: str) -> bool:
 def instruction_rows(index: UserIndex, assistants: tuple[str, ...]) -> np.ndarray:
     """Index rows of the user's standing-instruction turns (cached with the index); none when no
     assistant speaks in the user's history."""
-    def build() -> np.ndarray:
+    return _instructions(index, assistants)[0]
+
+
+def _instructions(index: UserIndex, assistants: tuple[str, ...]) -> tuple[np.ndarray, list[str]]:
+    """(index rows, message ids) of the user's standing instructions, in row order, built once per
+    index: only the first `_HEAD_CHARS` of the turns no assistant said leave Arrow (a 1M chat's long
+    replies are never copied into Python on the first query)."""
+    def build() -> tuple[np.ndarray, list[str]]:
         t = index.messages
+        none: tuple[np.ndarray, list[str]] = (np.zeros(0, dtype=np.int64), [])
         if not assistants or t.num_rows == 0 or "speaker" not in t.column_names:
-            return np.zeros(0, dtype=np.int64)
+            return none
         voice = pc.fill_null(pc.is_in(pc.utf8_lower(t.column("speaker")),
                                       value_set=pa.array([a.lower() for a in assistants])), False)
         if not pc.any(voice).as_py():
-            return np.zeros(0, dtype=np.int64)
+            return none
+        own = t.filter(pc.invert(voice))
+        heads = pc.utf8_slice_codeunits(own.column("text"), 0, _HEAD_CHARS).to_pylist()
         rows = index.turn_rows()
-        found = [rows[m] for m, said, text in zip(t.column("message_id").to_pylist(), voice.to_pylist(),
-                                                  t.column("text").to_pylist())
-                 if not said and text and m in rows and is_instruction(text)]
-        return np.asarray(sorted(found), dtype=np.int64)
+        found = sorted((rows[m], m) for m, head in zip(own.column("message_id").to_pylist(), heads)
+                       if head and m in rows and is_instruction(head))
+        return np.asarray([r for r, _ in found], dtype=np.int64), [m for _, m in found]
     return index.memo("instructions:" + ",".join(sorted(assistants)), build)
 
 
@@ -147,18 +156,18 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
                     signals: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """`rows` with the user's best-matching standing instructions (up to `instruction_slots` less
     those the ranking returned, never all k places: the best memory stays) at `instruction_rank`
-    when each matches well enough and no item already cites its turn; the list stays at most k long. Also returns the pinned rows (the
-    validity ordering keeps them). A pinned row's score is its cosine, so scores are not monotone
+    when each matches well enough and no item already cites its turn; the list stays at most k
+    long. Also returns the pinned rows (the validity ordering keeps them). A pinned row's score is its cosine, so scores are not monotone
     there."""
     slots = min(settings.instruction_slots, k - 1)
     if slots < 1 or "message" not in kinds:
         return rows, scores, []
-    found = instruction_rows(index, tuple(settings.assistant_speakers))
+    found, ids = _instructions(index, tuple(settings.assistant_speakers))
     if found.size == 0:
         return rows, scores, []
     cos = index.z[found] @ vec
     cited = {m for r in rows.tolist() for m in index.source_ids(r)}
-    held = np.asarray([set(index.source_ids(int(r))) <= cited for r in found.tolist()], dtype=bool)
+    held = np.asarray([m in cited for m in ids], dtype=bool)
     slots -= int(held.sum())                # an instruction the ranking returned fills its place
     best = [int(i) for i in np.argsort(-cos, kind="stable")
             if cos[i] >= settings.instruction_min_score and not held[i]][:max(slots, 0)]
@@ -168,5 +177,5 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
     at = min(settings.instruction_rank, rows.size, k - len(pinned))
     new_rows = np.concatenate([rows[:at], np.asarray(pinned, dtype=np.int64), rows[at:]])[:k]
     new_scores = np.concatenate([scores[:at], cos[best].astype(np.float32), scores[at:]])[:k]
-    signals["instructions"] = [index.source_ids(r)[0] for r in pinned]
+    signals["instructions"] = [ids[i] for i in best]
     return new_rows, new_scores.astype(np.float32), pinned
