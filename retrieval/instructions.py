@@ -5,8 +5,8 @@ and a query rarely shares their words: "How should I list the sources in my pape
 Zotero turns above the APA one. So the retriever keeps a place for them: the user's best-matching
 standing instruction (cosine at least `instruction_min_score`) that no item cites yet takes the place
 `instruction_rank` and, in a full list, the last item drops out (`instruction_slots` of them,
-never all k places; an instruction the ranking returned fills one). The validity ordering that
-follows keeps it.
+never all k places; an instruction the ranking returned fills one). It is placed after the
+validity ordering, which cuts the list to k first.
 
 An instruction is a turn by a speaker who is not an assistant (`assistant_speakers`), in a history
 where an assistant speaks, that opens with a standing cue (`is_instruction`, English heuristics).
@@ -153,18 +153,18 @@ def _instructions(index: UserIndex, assistants: tuple[str, ...]) -> tuple[np.nda
 
 def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray, k: int,
                     settings: RetrievalSettings, kinds: tuple[str, ...],
-                    signals: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+                    signals: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """`rows` with the user's best-matching standing instructions (up to `instruction_slots` less
     those the ranking returned, never all k places: the best memory stays) at `instruction_rank`
     when each matches well enough and no item already cites its turn; the list stays at most k
-    long. Also returns the pinned rows (the validity ordering keeps them). A pinned row's score is its cosine, so scores are not monotone
-    there."""
+    long. Called after the validity ordering, so nothing moves it. A pinned row's score is its
+    cosine, so scores are not monotone there."""
     slots = min(settings.instruction_slots, k - 1)
     if slots < 1 or "message" not in kinds:
-        return rows, scores, []
+        return rows, scores
     found, ids = _instructions(index, tuple(settings.assistant_speakers))
     if found.size == 0:
-        return rows, scores, []
+        return rows, scores
     cos = index.z[found] @ vec
     cited = {m for r in rows.tolist() for m in index.source_ids(r)}
     held = np.asarray([m in cited for m in ids], dtype=bool)
@@ -172,10 +172,10 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
     best = [int(i) for i in np.argsort(-cos, kind="stable")
             if cos[i] >= settings.instruction_min_score and not held[i]][:max(slots, 0)]
     if not best:
-        return rows, scores, []
+        return rows, scores
     pinned = [int(found[i]) for i in best]
     at = min(settings.instruction_rank, rows.size, k - len(pinned))
     new_rows = np.concatenate([rows[:at], np.asarray(pinned, dtype=np.int64), rows[at:]])[:k]
     new_scores = np.concatenate([scores[:at], cos[best].astype(np.float32), scores[at:]])[:k]
     signals["instructions"] = [ids[i] for i in best]
-    return new_rows, new_scores.astype(np.float32), pinned
+    return new_rows, new_scores.astype(np.float32)

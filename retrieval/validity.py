@@ -229,14 +229,12 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
 
 
 def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray,
-                  k: int, history: bool = False, kinds: tuple[str, ...] | None = None,
-                  keep: Collection[int] = ()) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+                  k: int, history: bool = False,
+                  kinds: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The strategy's ranking with current versions above superseded ones and contradicting pairs
     together (see the module doc), cut to `k`; plus signals (how many were moved or pulled in).
     With `history` (the query asks what held before: `asks_history`) no newer version is moved; with
-    `kinds` (those the query searched) no memory of another kind is pulled in. Rows in `keep` (a
-    pinned standing instruction) survive the cut and do not lower the similarity a memory needs to
-    be pulled in."""
+    `kinds` (those the query searched) no memory of another kind is pulled in."""
     v = validity_of(index)
     if v.empty or rows.size == 0:
         return rows, scores, {}
@@ -254,8 +252,7 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     above: set[str] = set()                  # the turns the rows placed so far cite
     pulled = paired = 0
     row_sims = (index.z[rows] @ vec).tolist()
-    ranked = [sim for row, sim in zip(rows.tolist(), row_sims) if row not in keep]
-    floor = min(ranked or row_sims)
+    floor = min(row_sims)
     taken_rows = set(rows.tolist())
     for i, (row, score) in enumerate(zip(rows.tolist(), scores.tolist())):
         if row in placed:
@@ -286,10 +283,6 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
             placed.add(best)
             above.update(index.source_ids(best))
             paired += 1
-    if len(out) > k and keep:               # the cut takes the last others, never a kept row
-        n_kept = sum(1 for r, _ in out if r in keep)
-        cut = set([r for r, _ in out if r not in keep][k - n_kept:])
-        out = [(r, sc) for r, sc in out if r not in cut]
     out = out[:k]
     signals = {"validity": {"current_pulled": pulled, "contradictions_paired": paired}}
     return (np.asarray([r for r, _ in out], dtype=np.int64),

@@ -217,9 +217,9 @@ def test_asks_history_reads_the_question() -> None:
         assert not asks_history(q), q
 
 
-def test_kept_rows_survive_the_cut(validity_store: Store, embedder: Embedder) -> None:
-    """A pulled-in current version pushes the last row out, unless that row is kept (a pinned
-    standing instruction, `retrieval.instructions`): then the last other row goes."""
+def test_a_pulled_in_version_pushes_the_last_row_out(validity_store: Store, embedder: Embedder) -> None:
+    """A current version pulled in above its superseded one keeps the list at k: the last row goes
+    (a pinned standing instruction is placed after this ordering, `retrieval.instructions`)."""
     r = _retriever(validity_store, embedder, True)
     idx = r.user_index(USER)
     vec = embedder.embed(["How much is the monthly rent for the flat on Elm Street?"])[0]
@@ -228,5 +228,3 @@ def test_kept_rows_survive_the_cut(validity_store: Store, embedder: Embedder) ->
     scores = (idx.z[rows] @ vec).astype(np.float32)
     plain, _, _ = order_current(idx, rows, scores, vec, 3)
     assert plain.tolist() == [row["f3"], row["f0"], row["msg-x0"]]          # pulled in, the last cut
-    kept, _, _ = order_current(idx, rows, scores, vec, 3, keep=[row["msg-x1"]])
-    assert kept.tolist() == [row["f3"], row["f0"], row["msg-x1"]]
