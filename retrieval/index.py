@@ -262,6 +262,10 @@ def _build_lexical(meta: pa.Table, params: tuple[float, float]) -> Future[BM25In
     return _POOL.submit(BM25Index, meta.column("text"), k1=k1, b=b)
 
 
+#: snapshots `IndexCache.get` reads before a purged version is the caller's error
+GONE_RETRIES = 4
+
+
 class IndexCache:
     """Per-user indexes, LRU-bounded, each one snapshot of the tracked tables; a user is renewed
     when a write touched its rows (see the module doc)."""
@@ -305,13 +309,18 @@ class IndexCache:
 
     def get(self, user_id: str) -> UserIndex:
         """The user's index at the current snapshot; when a version it pinned was cleaned up meanwhile
-        (a forget's purge, a compaction), the snapshot is re-read once and the index built again."""
-        try:
-            return self._get(user_id)
-        except VersionGoneError as exc:
-            log.info("pinned version gone (%s): re-reading the snapshot", exc)
-            self.check(force=True)
-            return self._get(user_id)
+        (a forget's purge, a compaction), the snapshot is re-read and the index built again, up to
+        `GONE_RETRIES` times (a forget that purges after every write can take the re-read one too)."""
+        tries = 1
+        while True:
+            try:
+                return self._get(user_id)
+            except VersionGoneError as exc:
+                if tries >= GONE_RETRIES:
+                    raise
+                tries += 1
+                log.info("pinned version gone (%s): re-reading the snapshot", exc)
+                self.check(force=True)
 
     def _get(self, user_id: str) -> UserIndex:
         snapshot = self.check()

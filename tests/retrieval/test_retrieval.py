@@ -302,3 +302,27 @@ def test_cli_retrieve_json(store: Store, embedder: Embedder) -> None:
     assert out.exit_code == 0, out.output
     data: dict[str, Any] = json.loads(out.stdout[out.stdout.index("{"):])
     assert len(data["items"]) == 3 and all(i["id"].startswith("alice-") for i in data["items"])
+
+
+def test_a_purged_snapshot_is_read_again_a_few_times(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget that purges after every write can take a re-read snapshot too: the cache reads the
+    snapshot again up to GONE_RETRIES times, then lets the caller see VersionGoneError."""
+    import retrieval.index as index_module
+    from memory.errors import VersionGoneError
+
+    real, calls = index_module.load_user, {"n": 0, "fail": 0}
+
+    def flaky(*args: Any, **kwargs: Any) -> UserIndex:
+        calls["n"] += 1
+        if calls["n"] <= calls["fail"]:
+            raise VersionGoneError("version 19 no longer exists", table="summaries")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(index_module, "load_user", flaky)
+    calls["fail"] = index_module.GONE_RETRIES - 1
+    assert index_module.IndexCache(store).get("alice").user_id == "alice"
+    assert calls["n"] == index_module.GONE_RETRIES
+    calls.update(n=0, fail=index_module.GONE_RETRIES)
+    with pytest.raises(VersionGoneError):
+        index_module.IndexCache(store).get("alice")
+    assert calls["n"] == index_module.GONE_RETRIES
