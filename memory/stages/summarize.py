@@ -8,7 +8,10 @@ local minimum and lies `DROP_STD` standard deviations below the user's mean (a s
 Candidates are accepted deepest first while every phase keeps at least `MIN_PHASE` fragments; a
 phase still longer than `MAX_PHASE` is then split at its deepest admissible gap until none is.
 
-One LLM request per phase (Table 4: a local summary), all phases of the shard in one batch; then one
+One LLM request per phase (Table 4: a local summary), all phases of the shard in one batch; a phase's
+request lists the memories about the user, not those citing only an assistant's turns
+(`RetrievalSettings.assistant_speakers`: its advice, most fragments of an assistant chat, which a
+`rules` summary and hence the profile in every context() had quoted); then one
 request per user (Table 5: the global profile, at most 300 words, checked) over all of the user's
 local summaries, oldest first, as a second batch. Summaries are memory rows of the `summaries`
 table (level `phase` or `profile`), embedded, with `source_ids` = the messages their fragments
@@ -33,6 +36,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from memory import prompts
 from memory.graph import Node, stored_ids, stored_nodes, with_stored
@@ -101,10 +106,34 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
     batch.sort(key=Node.order)
     phases = []
     if batch:
+        said = assistant_turns(state, ctx, user)
         vecs = np.stack([n.vector for n in batch])
         for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
-            phases.append((phase_context(user, number, batch[a:b]), batch[a:b]))
+            phases.append((phase_context(user, number, batch[a:b], said), batch[a:b]))
     return user, old_rows, phases
+
+
+def assistant_turns(state: ShardState, ctx: StageContext, user: str) -> set[str]:
+    """Ids of the user's turns said by an assistant (`RetrievalSettings.assistant_speakers`), from the
+    shard's sessions and the stored messages."""
+    voices = [v.lower() for v in ctx.settings.retrieval.assistant_speakers]
+    if not voices:
+        return set()
+    said = {m["message_id"] for s in state.sessions if s.user_id == user for m in s.messages
+            if str(m.get("speaker") or "").lower() in voices}
+    if has_stored(state, user):
+        t = ctx.store.read("messages", user, columns=["message_id", "speaker"])
+        mask = pc.fill_null(pc.is_in(pc.utf8_lower(t.column("speaker")), value_set=pa.array(voices)), False)
+        said.update(pc.filter(t.column("message_id"), mask).to_pylist())
+    return said
+
+
+def about_the_user(nodes: list[Node], said: set[str]) -> list[Node]:
+    """The nodes a phase summary reads: all but those citing only assistant turns (`said`), which
+    paraphrase the assistant's advice rather than the user's history (on assistant chats most
+    fragments are; a `rules` summary quoted them); every node when none would be left."""
+    mine = [n for n in nodes if not (n.source_ids and set(n.source_ids) <= said)]
+    return mine or nodes
 
 
 def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> None:
@@ -193,10 +222,13 @@ def _sources(nodes: list[Node]) -> list[str]:
     return list(dict.fromkeys(s for n in nodes for s in n.source_ids))
 
 
-def phase_context(user: str, number: int, nodes: list[Node]) -> dict[str, Any]:
+def phase_context(user: str, number: int, nodes: list[Node], said: set[str] | None = None) -> dict[str, Any]:
+    """The summary request's context for one phase of `nodes`: its items are the memories about the
+    user (`about_the_user`, `said`: the assistant's turn ids)."""
+    items = about_the_user(nodes, said or set())
     return {"user_id": user, "phase_id": make_id(user, "phase", prompts.SUMMARIZE_VERSION, *[n.id for n in nodes]),
             "number": number, "start": _day(nodes[0].session_ts), "end": _day(nodes[-1].session_ts),
-            "items": [{"id": n.id, "date": n.date or _day(n.session_ts), "text": n.text} for n in nodes]}
+            "items": [{"id": n.id, "date": n.date or _day(n.session_ts), "text": n.text} for n in items]}
 
 
 def phase_row(ctx: dict[str, Any], nodes: list[Node], summary: str, *, run_id: str, backend: str,

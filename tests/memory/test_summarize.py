@@ -3,6 +3,8 @@ bounds, Table 4/5 prompts, extractive `rules` summaries, phase and profile rows 
 incremental re-synthesis, retrieval of summaries, the profile first in the context, `mnemo profile`."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from memory.llm.rules import TASKS
 from memory.read import PROFILE_KEY, read_profile
 from memory.stages.summarize import MAX_PHASE, MIN_PHASE, segment
 from memory.store import Store
-from tests.helpers import SampleSplit, copy_store
+from tests.helpers import SampleSplit, copy_store, ingest_and_consolidate
 
 
 def _topics(sizes: list[int], dim: int = 32, seed: int = 0) -> np.ndarray:
@@ -138,3 +140,58 @@ def test_profile_command(stores: tuple[Store, Store]) -> None:
     assert f"Profile of {user}" in out.output and "Phases (" in out.output and " to " in out.output
     missing = CliRunner().invoke(app, ["--store", one.uri, "profile", "nobody"])
     assert missing.exit_code == 1
+
+
+#: a user's turns about their garden, each answered by the assistant's advice in several sentences
+GARDEN = [
+    ("I planted six tomato plants in my backyard garden last weekend.",
+     "I recommend Roma and San Marzano tomatoes for a backyard. I would water them deeply twice a week. "
+     "I suggest a layer of Pine Bark mulch around them. I always stake Roma tomatoes early."),
+    ("My tomatoes have yellow leaves at the bottom now and I am worried.",
+     "I think it is a Nitrogen deficiency. I recommend Miracle-Gro Tomato Food every two weeks. "
+     "I would remove the yellow leaves first. I find Epsom Salt helps the leaves too."),
+    ("I also started growing basil on my kitchen windowsill in March.",
+     "I love Genovese Basil on a sunny windowsill. I pinch off the flower buds every week. "
+     "I harvest Genovese Basil from the top. I keep the soil moist with a Self-Watering pot."),
+    ("I harvested my first ripe tomatoes today and made a salad with my basil.",
+     "I store Roma tomatoes at room temperature. I save San Marzano seeds every autumn. "
+     "I pair Genovese Basil with Buffalo Mozzarella. I pick Roma tomatoes when fully red."),
+]
+
+
+def test_phase_summaries_read_the_users_memories_not_the_assistants(tmp_path: Path) -> None:
+    """A phase summary reads the fragments that cite a user's turn; those citing only an assistant's
+    turns paraphrase its advice, and a `rules` summary would otherwise quote them (they are most of
+    an assistant chat's fragments)."""
+    rows = []
+    for i, (mine, advice) in enumerate(GARDEN):
+        for j, (speaker, text) in enumerate((("user", mine), ("assistant", advice))):
+            rows.append({"user_id": "gina", "session_id": "s1", "message_id": f"m{2 * i + j}", "speaker": speaker,
+                         "text": text, "timestamp": f"2024-04-0{i + 1}T10:0{j}:00Z"})
+    archive = tmp_path / "garden.jsonl"
+    archive.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    store = ingest_and_consolidate(tmp_path / "store", archive, assistant_fragments_per_turn=None)
+    said = {f"m{2 * i + 1}" for i in range(len(GARDEN))}
+    frags = store.read("fragments", "gina", columns=["id", "text", "source_ids"]).to_pylist()
+    advice = {f["id"] for f in frags if set(f["source_ids"]) <= said}
+    phases = [p for p in store.read("summaries", "gina").to_pylist() if p["level"] == "phase"]
+    assert len(advice) > len(frags) / 2 and phases
+    texts = {f["id"]: f["text"] for f in frags}
+    for p in phases:
+        assert set(p["member_ids"]) & advice                    # the phase covers the advice ...
+        quoted = [fid for fid in p["member_ids"] if " ".join(texts[fid].split()[:6]) in p["content"]]
+        assert quoted and not set(quoted) & advice, (p["content"], quoted)   # ... and quotes the user
+
+def test_a_phase_of_advice_only_is_still_summarized() -> None:
+    from datetime import UTC, datetime
+
+    from memory.graph import Node
+    from memory.stages.summarize import phase_context
+
+    def node(i: int, source: str) -> Node:
+        return Node(id=f"f{i}", kind="fragment", session_ts=datetime(2024, 1, 1, tzinfo=UTC), position=i,
+                    vector=np.zeros(4, np.float32), source_ids=[source], text=f"t{i}")
+    mixed = [node(0, "m0"), node(1, "m1"), node(2, "m1")]
+    assert [it["id"] for it in phase_context("u", 1, mixed, {"m1"})["items"]] == ["f0"]
+    assert [it["id"] for it in phase_context("u", 1, mixed[1:], {"m1"})["items"]] == ["f1", "f2"]
+    assert phase_context("u", 1, mixed, {"m1"})["phase_id"] == phase_context("u", 1, mixed)["phase_id"]
