@@ -217,3 +217,23 @@ def test_a_change_no_fragment_holds_gets_a_change_fragment(embedder: Embedder) -
     again = change_fragments(unheld, [session], embedder, "r1")
     assert sorted(f["id"] for f in again) == sorted(f["id"] for f in made.values())
     assert change_fragments(unheld, [], embedder, "r1") == []            # a stored session's turn: none here
+
+
+def test_prose_with_parentheses_hashes_and_arrows_is_a_statement() -> None:
+    """Code blocks never reach the rule (`memory.text.prose`); a sentence keeps its parentheses,
+    "C#", comparisons and a trailing tag, while code, markup, headings and list labels stay out."""
+    from memory.llm.rules.supersede import is_statement
+
+    for prose in ("I raised my monthly marketing budget to $500 (from $400) this week",
+                  "I rewrote the whole payment service in C# over the weekend",
+                  "The checkout latency is now > 200ms for most of my users",
+                  "I moved the launch of my bakery website to May 3 ->-> 2,7"):
+        assert is_statement({"content": prose}), prose
+    for code in ("const total = items.reduce((a, b) => a + b, 0);", "await fetch(url, options).then(r => r.json())",
+                 "# Step 2: configure the database connection", "1. Open the settings page of the app",
+                 "| Metric | Before | After | Change |", "**Event A**: getting heads on the first toss",
+                 "<div class='card'>my profile picture goes here</div>", "Use the `--force` flag when you deploy it"):
+        assert not is_statement({"content": code}), code
+    older = _f("I built the backend of my budgeting app in Java with Spring Boot", "m1")
+    newer = _f("I switched the backend of my budgeting app to C# (ASP.NET Core) instead", "m2")
+    assert decide(newer, older, 0.7) == "update"

@@ -63,7 +63,7 @@ from memory.text import content_tokens, is_content
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
            "same_key", "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v6"   # v6: no sentence is read from a code block (memory.text.prose)
+SUPERSEDE_VERSION = "rules-supersede-v7"   # v7: parentheses, "#" and ">" in a sentence no longer mark code
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -77,7 +77,12 @@ NEG_WORDS = 2
 #: words a fragment needs to be a statement (shorter ones are labels and headings)
 MIN_WORDS = 6
 
-_CODE_RE = re.compile(r"[=(){}\[\]#*`<>|]|^\s*[-\d]+[.)]\s|\w+\.\w+\(")
+#: what marks a line of code or markup rather than a sentence: assignment and brace characters,
+#: backticks, emphasis and table pipes, a call (``fetch(``), a tag (``<div>``), a heading or a list
+#: label at the start. Not a parenthesis after a space, ``#`` inside a line, ``>`` or ``->``: prose
+#: uses them (``moved my budget to $500 (from $400)``, ``switched to C#``, ``latency > 200ms``, a
+#: trailing ``->-> 3,5`` tag), and code blocks are already left out (`memory.text.prose`)
+_CODE_RE = re.compile(r"[={}\[\]`|*]|\w\(|</?[A-Za-z][^>]*>|^\s*#|^\s*[-\d]+[.)]\s")
 
 _NUM_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|percent\b|ms\b|s\b|k\b|x\b|"
                      r"[A-Za-z][A-Za-z\-]*)?")
