@@ -12,7 +12,9 @@ supersedes), so this stage then only stamps `valid_from`. A late fragment older 
 changes is itself closed by the stored one.
 
 Turns (`memory.llm.rules.turns`: `Turns`, `plan_turns`): statements extraction missed are compared
-turn against turn, the user's turns only (not `RetrievalSettings.assistant_speakers`'); a newer
+turn against turn, the user's turns only (not `RetrievalSettings.assistant_speakers`'), and the
+fragments citing only an assistant's turns are never compared (its advice is no fact of the user's:
+"CET to AEST involves adding 9 hours" had closed "New York is 6 hours behind CET"); a newer
 turn with no fragment keeps its link on the older turn's fragment (closed with `superseded_by` = the
 newer turn's message row, or given the newer turn in `contradicts_sources`). When neither turn has a fragment holding the
 statement (both said it inside a question: "can you remind me it's moved to 4:30 PM?", "I've never
@@ -105,7 +107,8 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
     keys: dict[tuple[str, str], list[int]] = defaultdict(list)
     qindex = QuantityIndex()
     qs: list[list[Quantity]] = []
-    statement = [is_statement(f) for f in frags]   # the rules compare statements only: skip code lines
+    # the rules compare the user's statements only: not code lines, nor an assistant's advice
+    statement = [is_statement(f) and not (turns is not None and turns.skipped_only(f)) for f in frags]
     for i, f in enumerate(frags):
         if not statement[i]:
             qs.append([])

@@ -148,3 +148,31 @@ def test_llm_transformation_closes_the_fragment_it_names() -> None:
     assert frags["f-old"]["supersede_version"] == "premem-reason-v2"
     assert frags["f-cat"].get("superseded_by") is None and frags["f-new"].get("superseded_by") is None
     assert close_superseded(pair, items, frags) == []                       # already closed: idempotent
+
+
+def test_an_assistants_advice_is_never_compared() -> None:
+    """Two fragments of an assistant's replies with a changed number are no update of the user's
+    facts (the assistant explains: "New York is 6 hours behind", later "Tokyo is 8 hours ahead");
+    the same two said by the user are."""
+    import numpy as np
+
+    from memory.llm.rules.turns import Turns
+    from memory.stages.supersede import plan
+
+    at = {"m1": datetime(2024, 3, 1, tzinfo=timezone.utc), "m2": datetime(2024, 4, 1, tzinfo=timezone.utc)}
+    vec = np.ones(8, dtype=np.float32)
+
+    def frags(subject: str) -> list[dict[str, Any]]:
+        return [{"id": f"f{i}", "subject": subject, "key": "study plan", "source_ids": [m], "vector": vec,
+                 "content": f"{subject} has a study plan of {hours} hours per week for the statistics exam"}
+                for i, (m, hours) in enumerate((("m1", 6), ("m2", 8)))]
+
+    def turns(speaker: str) -> Turns:
+        return Turns([{"message_id": m, "speaker": speaker, "text": "", "ts": ts, "vector": vec}
+                      for m, ts in at.items()], skip=["assistant"])
+    mine = frags("user")
+    plan(mine, ["f0", "f1"], at, turns=turns("user"))
+    assert mine[0]["superseded_by"] == "f1"
+    advice = frags("assistant")
+    plan(advice, ["f0", "f1"], at, turns=turns("assistant"))
+    assert advice[0].get("superseded_by") is None and all(f["supersede_version"] for f in advice)

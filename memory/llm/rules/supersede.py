@@ -63,7 +63,7 @@ from memory.text import content_tokens, is_content
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
            "same_key", "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v7"   # v7: parentheses, "#" and ">" in a sentence no longer mark code
+SUPERSEDE_VERSION = "rules-supersede-v7"   # v7: parentheses, "#", ">" are prose; an assistant's fragments are not compared
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing

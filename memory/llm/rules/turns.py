@@ -79,6 +79,8 @@ class Turns:
 
     def __init__(self, rows: list[dict[str, Any]], skip: Iterable[str] = ()) -> None:
         voices = {v.lower() for v in skip}       # assistants' turns: not the user's facts, never searched
+        #: the message ids of the skipped speakers' turns
+        self.skipped = {m["message_id"] for m in rows if str(m.get("speaker") or "").lower() in voices}
         rows = [m for m in rows if m.get("vector") is not None and m.get("ts") is not None
                 and str(m.get("speaker") or "").lower() not in voices]
         self.rows = rows
@@ -91,6 +93,11 @@ class Turns:
         #: the last vector searched, with the turns' cosines and their order (`replaced` and
         #: `contradicted` search with the same vector in turn)
         self._near: tuple[bytes, np.ndarray, list[int]] | None = None
+
+    def skipped_only(self, f: dict[str, Any]) -> bool:
+        """Does fragment `f` cite only turns of the skipped speakers (an assistant's advice)?"""
+        sources = f.get("source_ids") or []
+        return bool(sources) and all(s in self.skipped for s in sources)
 
     def same_quantity(self, f: dict[str, Any]) -> list[int]:
         """Turns (positions) with a sentence sharing at least two (unit, context word) keys with a
