@@ -6,7 +6,8 @@ Zotero turns above the APA one. So the retriever keeps a place for them: the use
 standing instruction (cosine at least `instruction_min_score`) that no item cites yet takes the place
 `instruction_rank` and, in a full list, the last item drops out (`instruction_slots` of them,
 never all k places; an instruction the ranking returned fills one). It is placed after the
-validity ordering, which cuts the list to k first.
+validity ordering, which cuts the list to k first. An instruction a newer one replaced (the supersede
+stage closed it: "From now on, use MLA ... instead of APA") is not pinned (with `validity` on).
 
 An instruction is a turn by a speaker who is not an assistant (`assistant_speakers`), in a history
 where an assistant speaks, that opens with a standing cue (`is_instruction`, English heuristics).
@@ -24,8 +25,9 @@ import pyarrow.compute as pc
 from memory.lexicon import IRREGULAR_PAST
 from memory.settings import RetrievalSettings
 from retrieval.index import UserIndex
+from retrieval.validity import validity_of
 
-__all__ = ["CUE", "is_instruction", "instruction_rows", "pin_instruction"]
+__all__ = ["CUE", "is_instruction", "instruction_rows", "pin_instruction", "replaced_instructions"]
 
 #: how much of a turn the cue reads, its whitespace collapsed first (no regex backtracks over a
 #: long run of spaces, and the cue is in the first words)
@@ -169,8 +171,9 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
     cited = {m for r in rows.tolist() for m in index.source_ids(r)}
     held = np.asarray([m in cited for m in ids], dtype=bool)
     slots -= int(held.sum())                # an instruction the ranking returned fills its place
+    gone = replaced_instructions(index, ids) if settings.validity else set()
     best = [int(i) for i in np.argsort(-cos, kind="stable")
-            if cos[i] >= settings.instruction_min_score and not held[i]][:max(slots, 0)]
+            if cos[i] >= settings.instruction_min_score and not held[i] and ids[i] not in gone][:max(slots, 0)]
     if not best:
         return rows, scores
     pinned = [int(found[i]) for i in best]
@@ -179,3 +182,15 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
     new_scores = np.concatenate([scores[:at], cos[best].astype(np.float32), scores[at:]])[:k]
     signals["instructions"] = [ids[i] for i in best]
     return new_rows, new_scores.astype(np.float32)
+
+
+def replaced_instructions(index: UserIndex, ids: list[str]) -> set[str]:
+    """The instruction turns (message ids among `ids`) that a newer instruction replaced: the supersede
+    stage closed a statement of the turn with a memory citing another of `ids` ("From now on, use MLA
+    ... instead of APA" after "Always use APA ..."). Such a turn is history, not a standing rule."""
+    v = validity_of(index)
+    if not v.replaced_in:
+        return set()
+    mine, row_of = set(ids), index.row_of_id()
+    return {m for m in ids for f in v.replaced_in.get(m, [])
+            if f in row_of and (set(index.source_ids(row_of[f])) & mine) - {m}}

@@ -77,11 +77,8 @@ NEG_WORDS = 2
 #: words a fragment needs to be a statement (shorter ones are labels and headings)
 MIN_WORDS = 6
 
-#: what marks a line of code or markup rather than a sentence: assignment and brace characters,
-#: backticks, emphasis and table pipes, a call (``fetch(``), a tag (``<div>``), a heading or a list
-#: label at the start. Not a parenthesis after a space, ``#`` inside a line, ``>`` or ``->``: prose
-#: uses them (``moved my budget to $500 (from $400)``, ``switched to C#``, ``latency > 200ms``, a
-#: trailing ``->-> 3,5`` tag), and code blocks are already left out (`memory.text.prose`)
+#: code or markup signs (a call ``fetch(``, a tag, a heading or list label); not ``(`` after a space,
+#: ``#`` or ``>`` in a line: prose has them (``to $500 (from $400)``, ``C#``); code blocks are out already
 _CODE_RE = re.compile(r"[={}\[\]`|*]|\w\(|</?[A-Za-z][^>]*>|^\s*#|^\s*[-\d]+[.)]\s")
 
 _NUM_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|percent\b|ms\b|s\b|k\b|x\b|"
