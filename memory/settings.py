@@ -84,7 +84,9 @@ class RetrievalSettings(BaseModel):
     assistant_speakers: tuple[str, ...] = Field(
         ("assistant",), description="speakers (case-insensitive) whose turns are searched as raw turns only: "
         "memories citing nothing but their turns (fragments, topics, insights of an assistant's replies) are "
-        "not searched (strategies.assistant_memories); empty: search every memory")
+        "not searched (strategies.assistant_memories); empty: search every memory. Consolidation reads it too: "
+        "such fragments are capped per turn (extract), never compared (supersede) and not summarized; a "
+        "change applies to what is consolidated after it")
     turn_pool_gamma: float = Field(0.0, ge=0.0, description="with > 0 the deduplicating strategies rank a "
                                    "turn once with the single-source memories citing it (its fragments): "
                                    "s_turn + n^-γ·max(0, best member − s_turn) for n members (strategies."

@@ -25,7 +25,7 @@ from markdown_it import MarkdownIt
 from memory.dates import time_match
 from memory.lexicon import IRREGULAR_PAST
 
-__all__ = ["turn_text", "prose", "ROLE_SPEAKERS", "categorize", "third_person", "key_phrase", "split_sentences", "is_content", "content_tokens",
+__all__ = ["turn_text", "prose", "looks_like_code", "CODE_LINE_RE", "ROLE_SPEAKERS", "categorize", "third_person", "key_phrase", "split_sentences", "is_content", "content_tokens",
            "cap_words", "TOKEN_RE", "CAPITALIZED_RE", "NOT_ENTITY"]
 
 
@@ -360,3 +360,19 @@ def cap_words(text: str, n: int = 20) -> str:
     words = text.split()
     return " ".join(words[:n])
 
+
+#: what marks a line of code or markup rather than a sentence (code blocks are left out before,
+#: `prose`): assignment, brace, bracket, backtick, emphasis and table-pipe signs; a call (``fetch(``,
+#: not a plural ``friend(s)``); a comparison with a number (``age > 30``, not an arrow ``->``); a
+#: tag; an error line; a code keyword opening the line; a heading, a quote or a list label. A
+#: parenthesis after a space and a ``#`` inside a line are prose (``to $500 (from $400)``, ``C#``).
+CODE_LINE_RE = re.compile(
+    r"[={}\[\]`|*]|\w\((?!e?s\))|(?<![-=<>])[<>]=?\s*-?\d|</?[A-Za-z][^>]*>"
+    r"|\b[A-Z]\w*(?:Error|Exception)\b:|^\s*Traceback\b"
+    r"|^\s*(?:def|class|import|return|from\s+\S+\s+import)\s|^\s*(?:SELECT|INSERT|UPDATE|DELETE|CREATE)\s"
+    r"|^\s*[#>]|^\s*[-\d]+[.)]\s")
+
+
+def looks_like_code(text: str) -> bool:
+    """Does `text` read as a line of code or markup rather than a sentence (`CODE_LINE_RE`)?"""
+    return CODE_LINE_RE.search(text) is not None

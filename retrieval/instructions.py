@@ -155,12 +155,14 @@ def _instructions(index: UserIndex, assistants: tuple[str, ...]) -> tuple[np.nda
 
 def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray, k: int,
                     settings: RetrievalSettings, kinds: tuple[str, ...],
-                    signals: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+                    signals: dict[str, Any], history: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """`rows` with the user's best-matching standing instructions (up to `instruction_slots` less
     those the ranking returned, never all k places: the best memory stays) at `instruction_rank`
     when each matches well enough and no item already cites its turn; the list stays at most k
     long. Called after the validity ordering, so nothing moves it. A pinned row's score is its
-    cosine, so scores are not monotone there."""
+    cosine, so scores are not monotone there. With `settings.validity` an instruction a newer one
+    replaced (`replaced_instructions`) is neither pinned nor counted as filling a place, unless the
+    query asks what held before (`history`)."""
     slots = min(settings.instruction_slots, k - 1)
     if slots < 1 or "message" not in kinds:
         return rows, scores
@@ -170,10 +172,12 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
     cos = index.z[found] @ vec
     cited = {m for r in rows.tolist() for m in index.source_ids(r)}
     held = np.asarray([m in cited for m in ids], dtype=bool)
-    slots -= int(held.sum())                # an instruction the ranking returned fills its place
-    gone = replaced_instructions(index, ids) if settings.validity else set()
+    replaced = replaced_instructions(index, tuple(settings.assistant_speakers)) \
+        if settings.validity and not history else frozenset()
+    gone = np.asarray([m in replaced for m in ids], dtype=bool)
+    slots -= int((held & ~gone).sum())      # an instruction the ranking returned fills its place
     best = [int(i) for i in np.argsort(-cos, kind="stable")
-            if cos[i] >= settings.instruction_min_score and not held[i] and ids[i] not in gone][:max(slots, 0)]
+            if cos[i] >= settings.instruction_min_score and not held[i] and not gone[i]][:max(slots, 0)]
     if not best:
         return rows, scores
     pinned = [int(found[i]) for i in best]
@@ -184,13 +188,27 @@ def pin_instruction(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec:
     return new_rows, new_scores.astype(np.float32)
 
 
-def replaced_instructions(index: UserIndex, ids: list[str]) -> set[str]:
-    """The instruction turns (message ids among `ids`) that a newer instruction replaced: the supersede
-    stage closed a statement of the turn with a memory citing another of `ids` ("From now on, use MLA
-    ... instead of APA" after "Always use APA ..."). Such a turn is history, not a standing rule."""
-    v = validity_of(index)
-    if not v.replaced_in:
-        return set()
-    mine, row_of = set(ids), index.row_of_id()
-    return {m for m in ids for f in v.replaced_in.get(m, [])
-            if f in row_of and (set(index.source_ids(row_of[f])) & mine) - {m}}
+def replaced_instructions(index: UserIndex, assistants: tuple[str, ...]) -> frozenset[str]:
+    """The user's instruction turns (message ids) that a newer instruction replaced: the supersede
+    stage closed a statement of the turn with a memory citing another instruction turn ("From now
+    on, use MLA ... instead of APA" after "Always use APA ..."), and no fragment of the turn is still
+    current (a turn whose other statement changed keeps its rule). Built once per index."""
+    def build() -> frozenset[str]:
+        rows, ids = _instructions(index, assistants)
+        v = validity_of(index)
+        if rows.size == 0 or not v.replaced_in:
+            return frozenset()
+        row_of, mine = index.row_of_id(), set(ids)
+        lists = index.meta.column("source_ids").combine_chunks()
+        flat = pc.list_flatten(lists)
+        hit = pc.fill_null(pc.is_in(flat, value_set=pa.array(ids)), False)   # only these leave Arrow
+        owners = pc.filter(pc.list_parent_indices(lists), hit).to_pylist()
+        citing: dict[str, list[str]] = {}
+        for mid, row in zip(pc.filter(flat, hit).to_pylist(), owners):
+            if index.kinds[row] == "fragment":
+                citing.setdefault(mid, []).append(str(index.meta.column("id")[row].as_py()))
+        return frozenset(
+            m for m in ids
+            if any(f in row_of and (set(index.source_ids(row_of[f])) & mine) - {m} for f in v.replaced_in.get(m, []))
+            and all(f in v.superseded_by for f in citing.get(m, [])))
+    return index.memo("instructions-replaced:" + ",".join(sorted(assistants)), build)

@@ -239,11 +239,11 @@ class Retriever:
         if do_rerank:
             rows, scores = self._rerank(user_id, index, vec, rows, scores, k, q.signals, timings,
                                         dedupe=q.deduped)
+        history = asks_history(text)
         if s.validity:
-            rows, scores, moved = order_current(index, rows, scores, vec, k, history=asks_history(text),
-                                                kinds=q.kinds)
+            rows, scores, moved = order_current(index, rows, scores, vec, k, history=history, kinds=q.kinds)
             q.signals.update(moved)
-        rows, scores = pin_instruction(index, rows, scores, vec, k, s, q.kinds, q.signals)
+        rows, scores = pin_instruction(index, rows, scores, vec, k, s, q.kinds, q.signals, history=history)
         result.route = route
         result.deduped = q.deduped
         result.items = [_item(r, sc) for r, sc in zip(index.rows(rows), scores.tolist())]

@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+from lancedb.expr import col
 
 from memory import prompts
 from memory.graph import Node, stored_ids, stored_nodes, with_stored
@@ -106,23 +107,31 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
     batch.sort(key=Node.order)
     phases = []
     if batch:
-        said = assistant_turns(state, ctx, user)
+        said = assistant_turns(state, ctx, user, batch)
         vecs = np.stack([n.vector for n in batch])
         for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
             phases.append((phase_context(user, number, batch[a:b], said), batch[a:b]))
     return user, old_rows, phases
 
 
-def assistant_turns(state: ShardState, ctx: StageContext, user: str) -> set[str]:
-    """Ids of the user's turns said by an assistant (`RetrievalSettings.assistant_speakers`), from the
-    shard's sessions and the stored messages."""
+def assistant_turns(state: ShardState, ctx: StageContext, user: str, nodes: list[Node]) -> set[str]:
+    """Ids of the turns `nodes` cite that an assistant said (`RetrievalSettings.assistant_speakers`):
+    from the shard's sessions, and from the stored messages only for the sources outside them (a
+    re-segmentation's older fragments), so a nightly run reads no history."""
     voices = [v.lower() for v in ctx.settings.retrieval.assistant_speakers]
     if not voices:
         return set()
-    said = {m["message_id"] for s in state.sessions if s.user_id == user for m in s.messages
-            if str(m.get("speaker") or "").lower() in voices}
-    if has_stored(state, user):
-        t = ctx.store.read("messages", user, columns=["message_id", "speaker"])
+    said: set[str] = set()
+    known: set[str] = set()
+    for s in state.sessions:
+        if s.user_id == user:
+            for m in s.messages:
+                known.add(m["message_id"])
+                if str(m.get("speaker") or "").lower() in voices:
+                    said.add(m["message_id"])
+    missing = sorted({sid for n in nodes for sid in n.source_ids} - known)
+    if missing and has_stored(state, user):
+        t = ctx.store.read("messages", user, columns=["message_id", "speaker"], where=col("message_id").isin(missing))
         mask = pc.fill_null(pc.is_in(pc.utf8_lower(t.column("speaker")), value_set=pa.array(voices)), False)
         said.update(pc.filter(t.column("message_id"), mask).to_pylist())
     return said

@@ -221,18 +221,25 @@ def test_a_change_no_fragment_holds_gets_a_change_fragment(embedder: Embedder) -
 
 def test_prose_with_parentheses_hashes_and_arrows_is_a_statement() -> None:
     """Code blocks never reach the rule (`memory.text.prose`); a sentence keeps its parentheses,
-    "C#", comparisons and a trailing tag, while code, markup, headings and list labels stay out."""
+    "C#", a plural "(s)" and a trailing tag, while unfenced code (a call, a comparison with a
+    number, an error line, a code keyword), markup, quotes, headings and list labels stay out."""
     from memory.llm.rules.supersede import is_statement
 
     for prose in ("I raised my monthly marketing budget to $500 (from $400) this week",
                   "I rewrote the whole payment service in C# over the weekend",
-                  "The checkout latency is now > 200ms for most of my users",
+                  "I need to email my friend(s) about the trip to Lisbon in June",
                   "I moved the launch of my bakery website to May 3 ->-> 2,7"):
         assert is_statement({"content": prose}), prose
     for code in ("const total = items.reduce((a, b) => a + b, 0);", "await fetch(url, options).then(r => r.json())",
                  "# Step 2: configure the database connection", "1. Open the settings page of the app",
                  "| Metric | Before | After | Change |", "**Event A**: getting heads on the first toss",
-                 "<div class='card'>my profile picture goes here</div>", "Use the `--force` flag when you deploy it"):
+                 "<div class='card'>my profile picture goes here</div>", "Use the `--force` flag when you deploy it",
+                 "SELECT name FROM users WHERE age > 30 ORDER BY name",
+                 "if x > 0 and y < 10: return x + y else None",
+                 "TypeError: Cannot read properties of undefined (reading 'map') at line 12",
+                 "Traceback (most recent call last): File app.py, line 40, in main",
+                 "def add (a, b): return a + b  # adds the two numbers",
+                 "> You said the deadline for the report moves to May 3"):
         assert not is_statement({"content": code}), code
     older = _f("I built the backend of my budgeting app in Java with Spring Boot", "m1")
     newer = _f("I switched the backend of my budgeting app to C# (ASP.NET Core) instead", "m2")

@@ -142,40 +142,62 @@ def test_an_instruction_the_ranking_returned_fills_its_place(store: Store, embed
     assert two.signals["instructions"] == ["m5"] and ["m5"] in [it.source_ids for it in two.items]
 
 
+#: uma replaces her citation-style instruction; pia's first instruction turn also gives a deadline
+#: that her next instruction turn moves (the deadline changes, her citation rule still holds)
+CHANGED = {
+    "uma": [("user", "Always use APA 7th edition citation style when I ask about formatting references."),
+            ("assistant", "Got it, I will format your references in APA 7th edition style."),
+            ("user", "I'm writing a thesis on urban heat islands in Phoenix and I keep my sources in Zotero."),
+            ("assistant", "Zotero works well for keeping the sources of a thesis."),
+            ("user", "From now on, use MLA 9th edition citation style instead of APA when I ask about "
+                     "formatting references."),
+            ("assistant", "Understood, MLA 9th edition it is."),
+            ("user", "My advisor Dr. Ruiz wants the first chapter of my thesis by May 3."),
+            ("assistant", "May 3 leaves a few weeks for the first chapter.")],
+    "pia": [("user", "Always use APA 7th edition citation style when I ask about formatting references. "
+                     "My thesis is due on May 3."),
+            ("assistant", "Got it: APA 7th edition, and May 3 for the thesis."),
+            ("user", "I'm writing a thesis on urban heat islands in Phoenix and I keep my sources in Zotero."),
+            ("assistant", "Zotero works well for keeping the sources of a thesis."),
+            ("user", "From now on, keep your answers under 200 words please. My thesis deadline has moved "
+                     "to June 10."),
+            ("assistant", "Short answers from now on, and June 10 it is."),
+            ("user", "My advisor Dr. Ruiz wants the first chapter of my thesis soon."),
+            ("assistant", "Let's plan the first chapter.")]}
+
+
 def test_an_instruction_a_newer_one_replaced_is_not_pinned(tmp_path: Any, embedder: Embedder) -> None:
     """"From now on, use MLA ... instead of APA" closes the APA instruction (the rules' supersede
     stage, through a real consolidation): the place goes to the current instruction for a query
-    that matches the old one best; with validity off (no history read), to the old one."""
+    that matches the old one best, also when the ranking returned the old one; the old one with
+    validity off or for a query about what held before. A turn whose other statement changed keeps
+    its rule."""
     import json
 
+    from retrieval.instructions import pin_instruction, replaced_instructions
     from tests.helpers import ingest_and_consolidate
 
-    turns = [("user", "Always use APA 7th edition citation style when I ask about formatting references."),
-             ("assistant", "Got it, I will format your references in APA 7th edition style."),
-             ("user", "I'm writing a thesis on urban heat islands in Phoenix and I keep my sources in Zotero."),
-             ("assistant", "Zotero works well for keeping the sources of a thesis."),
-             ("user", "From now on, use MLA 9th edition citation style instead of APA when I ask about "
-                      "formatting references."),
-             ("assistant", "Understood, MLA 9th edition it is."),
-             ("user", "My advisor Dr. Ruiz wants the first chapter of my thesis by May 3."),
-             ("assistant", "May 3 leaves a few weeks for the first chapter.")]
-    rows = [{"user_id": "uma", "session_id": f"s{1 + i // 4}", "message_id": f"m{i}", "speaker": sp, "text": text,
-             "timestamp": f"2024-0{3 + i // 4}-01T10:{i:02d}:00Z"} for i, (sp, text) in enumerate(turns)]
-    archive = tmp_path / "uma.jsonl"
+    rows = [{"user_id": user, "session_id": f"s{1 + i // 4}", "message_id": f"m{i}", "speaker": sp, "text": text,
+             "timestamp": f"2024-0{3 + i // 4}-01T10:{i:02d}:00Z"}
+            for user, turns in CHANGED.items() for i, (sp, text) in enumerate(turns)]
+    archive = tmp_path / "changed.jsonl"
     archive.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     store = ingest_and_consolidate(tmp_path / "store", archive)
-    from retrieval.instructions import pin_instruction, replaced_instructions
+    retriever = Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder)
+    assert replaced_instructions(retriever.user_index("uma"), ("assistant",)) == {"m0"}
+    assert replaced_instructions(retriever.user_index("pia"), ("assistant",)) == frozenset()
 
-    index = Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder).user_index("uma")
-    assert replaced_instructions(index, ["m0", "m4"]) == {"m0"}
+    index = retriever.user_index("uma")
     turn = index.turn_rows()
-    ranked = np.asarray([turn["m6"], turn["m7"]], dtype=np.int64)       # the ranking left both out
     vec = embedder.embed(["Which APA 7th edition rules apply to my reference list?"])[0]
-    shown = {}
-    for validity in (True, False):
+
+    def pinned(ranked: list[str], validity: bool = True, history: bool = False) -> Any:
         signals: dict[str, Any] = {}
-        rows, _ = pin_instruction(index, ranked, np.ones(2, np.float32), vec, 3, RetrievalSettings(validity=validity),
-                                  ("message", "fragment"), signals)
-        shown[validity] = (signals["instructions"], rows.tolist())
-    assert shown == {True: (["m4"], [turn["m6"], turn["m7"], turn["m4"]]),
-                     False: (["m0"], [turn["m6"], turn["m7"], turn["m0"]])}
+        got, _ = pin_instruction(index, np.asarray([turn[m] for m in ranked], dtype=np.int64),
+                                 np.ones(len(ranked), np.float32), vec, 3, RetrievalSettings(validity=validity),
+                                 ("message", "fragment"), signals, history=history)
+        return signals.get("instructions"), got.tolist()
+    assert pinned(["m6", "m7"]) == (["m4"], [turn["m6"], turn["m7"], turn["m4"]])
+    assert pinned(["m6", "m0"]) == (["m4"], [turn["m6"], turn["m0"], turn["m4"]])   # the old one fills nothing
+    assert pinned(["m6", "m7"], validity=False) == (["m0"], [turn["m6"], turn["m7"], turn["m0"]])
+    assert pinned(["m6", "m7"], history=True)[0] == ["m0"]

@@ -58,12 +58,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
-from memory.text import content_tokens, is_content
+from memory.text import content_tokens, is_content, looks_like_code
 
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
            "same_key", "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v7"   # v7: parentheses, "#", ">" are prose; an assistant's fragments are not compared
+SUPERSEDE_VERSION = "rules-supersede-v7"   # v7: what reads as code (memory.text); no assistant fragment compared
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -76,10 +76,6 @@ NAMED_SIM = 0.6
 NEG_WORDS = 2
 #: words a fragment needs to be a statement (shorter ones are labels and headings)
 MIN_WORDS = 6
-
-#: code or markup signs (a call ``fetch(``, a tag, a heading or list label); not ``(`` after a space,
-#: ``#`` or ``>`` in a line: prose has them (``to $500 (from $400)``, ``C#``); code blocks are out already
-_CODE_RE = re.compile(r"[={}\[\]`|*]|\w\(|</?[A-Za-z][^>]*>|^\s*#|^\s*[-\d]+[.)]\s")
 
 _NUM_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|percent\b|ms\b|s\b|k\b|x\b|"
                      r"[A-Za-z][A-Za-z\-]*)?")
@@ -386,9 +382,9 @@ def _clause_words(text: str, exclude: set[str], keep_negations: bool = False) ->
 
 def is_statement(f: dict[str, Any]) -> bool:
     """A sentence about someone, not a line of code, a heading or a list label: at least
-    `MIN_WORDS` words and none of the characters code and markup use."""
+    `MIN_WORDS` words and no sign of code or markup (`memory.text.looks_like_code`)."""
     text = str(f.get("content") or "")
-    return len(text.split()) >= MIN_WORDS and not _CODE_RE.search(text)
+    return len(text.split()) >= MIN_WORDS and not looks_like_code(text)
 
 
 def says_never(f: dict[str, Any]) -> bool:
