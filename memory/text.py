@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any
 
 from markdown_it import MarkdownIt
 
 from memory.dates import time_match
 from memory.lexicon import IRREGULAR_PAST
 
-__all__ = ["turn_text", "prose", "looks_like_code", "CODE_LINE_RE", "ROLE_SPEAKERS", "categorize", "third_person", "key_phrase", "split_sentences", "is_content", "content_tokens",
+__all__ = ["turn_text", "said_by", "cites_only", "prose", "looks_like_code", "ROLE_SPEAKERS", "categorize", "third_person", "key_phrase", "split_sentences", "is_content", "content_tokens",
            "cap_words", "TOKEN_RE", "CAPITALIZED_RE", "NOT_ENTITY"]
 
 
@@ -39,6 +41,19 @@ def turn_text(speaker: str | None, text: str | None) -> str:
     nothing about the content (BEAM 100K dense Recall@10 0.573 -> 0.603 without it)."""
     who = (speaker or "").strip()
     return text or "" if not who or who.lower() in ROLE_SPEAKERS else f"{who}: {text or ''}"
+
+
+def said_by(messages: Iterable[dict[str, Any]], voices: Iterable[str]) -> set[str]:
+    """Ids of the `messages` (rows with `message_id` and `speaker`) one of `voices` said (speaker
+    names, case-insensitive: `RetrievalSettings.assistant_speakers`)."""
+    wanted = {v.lower() for v in voices}
+    return {m["message_id"] for m in messages if str(m.get("speaker") or "").lower() in wanted} if wanted else set()
+
+
+def cites_only(sources: Iterable[str] | None, said: set[str]) -> bool:
+    """Does a memory citing `sources` cite nothing but the turns `said` (an assistant's advice)?"""
+    cited = set(sources or ())
+    return bool(cited) and cited <= said
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,7 +381,7 @@ def cap_words(text: str, n: int = 20) -> str:
 #: not a plural ``friend(s)``); a comparison with a number (``age > 30``, not an arrow ``->``); a
 #: tag; an error line; a code keyword opening the line; a heading, a quote or a list label. A
 #: parenthesis after a space and a ``#`` inside a line are prose (``to $500 (from $400)``, ``C#``).
-CODE_LINE_RE = re.compile(
+_CODE_LINE_RE = re.compile(
     r"[={}\[\]`|*]|\w\((?!e?s\))|(?<![-=<>])[<>]=?\s*-?\d|</?[A-Za-z][^>]*>"
     r"|\b[A-Z]\w*(?:Error|Exception)\b:|^\s*Traceback\b"
     r"|^\s*(?:def|class|import|return|from\s+\S+\s+import)\s|^\s*(?:SELECT|INSERT|UPDATE|DELETE|CREATE)\s"
@@ -374,5 +389,5 @@ CODE_LINE_RE = re.compile(
 
 
 def looks_like_code(text: str) -> bool:
-    """Does `text` read as a line of code or markup rather than a sentence (`CODE_LINE_RE`)?"""
-    return CODE_LINE_RE.search(text) is not None
+    """Does `text` read as a line of code or markup rather than a sentence (`_CODE_LINE_RE`)?"""
+    return _CODE_LINE_RE.search(text) is not None

@@ -18,7 +18,7 @@ from memory.llm.runner import Quarantined
 from memory.settings import Settings
 from memory.stages.shard import (SessionWork, ShardState, StageContext, fragment_row, merge_llm,
                                  quarantine_work, timed)
-from memory.text import categorize, key_phrase
+from memory.text import categorize, cites_only, key_phrase, said_by
 
 OBSERVATION_VERSION = "observation-import-v1"
 
@@ -54,15 +54,14 @@ def extract(state: ShardState, ctx: StageContext) -> ShardState:
 def about_the_user(items: list[dict[str, Any]], session: SessionWork, settings: Settings) -> list[dict[str, Any]]:
     """The items in order, those sourced only from assistant turns capped per turn (see the module doc)."""
     cap = settings.assistant_fragments_per_turn
-    voices = {v.lower() for v in settings.retrieval.assistant_speakers}
-    if cap is None or not voices:
+    said = said_by(session.messages, settings.retrieval.assistant_speakers)
+    if cap is None or not said:
         return items
-    said = {m["message_id"] for m in session.messages if str(m.get("speaker") or "").lower() in voices}
     kept: dict[tuple[str, ...], int] = {}
     out = []
     for it in items:
         sources = tuple(it["source_ids"])
-        if sources and set(sources) <= said:
+        if cites_only(sources, said):
             if kept.get(sources, 0) >= cap:
                 continue
             kept[sources] = kept.get(sources, 0) + 1

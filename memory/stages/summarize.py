@@ -36,8 +36,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.compute as pc
 from lancedb.expr import col
 
 from memory import prompts
@@ -48,6 +46,7 @@ from memory.segments import breakpoints
 from memory.stages.shard import (ShardState, StageContext, add_rows, frame, has_stored, merge_llm, new_nodes,
                                  quarantine_work, replace_user, timed, users_to_update)
 from memory.store import Store
+from memory.text import cites_only, said_by
 
 log = logging.getLogger(__name__)
 
@@ -118,31 +117,24 @@ def assistant_turns(state: ShardState, ctx: StageContext, user: str, nodes: list
     """Ids of the turns `nodes` cite that an assistant said (`RetrievalSettings.assistant_speakers`):
     from the shard's sessions, and from the stored messages only for the sources outside them (a
     re-segmentation's older fragments), so a nightly run reads no history."""
-    voices = [v.lower() for v in ctx.settings.retrieval.assistant_speakers]
+    voices = ctx.settings.retrieval.assistant_speakers
     if not voices:
         return set()
-    said: set[str] = set()
-    known: set[str] = set()
-    for s in state.sessions:
-        if s.user_id == user:
-            for m in s.messages:
-                known.add(m["message_id"])
-                if str(m.get("speaker") or "").lower() in voices:
-                    said.add(m["message_id"])
-    missing = sorted({sid for n in nodes for sid in n.source_ids} - known)
+    mine = [m for s in state.sessions if s.user_id == user for m in s.messages]
+    said = said_by(mine, voices)
+    missing = sorted({sid for n in nodes for sid in n.source_ids} - {m["message_id"] for m in mine})
     if missing and has_stored(state, user):
-        t = ctx.store.read("messages", user, columns=["message_id", "speaker"], where=col("message_id").isin(missing))
-        mask = pc.fill_null(pc.is_in(pc.utf8_lower(t.column("speaker")), value_set=pa.array(voices)), False)
-        said.update(pc.filter(t.column("message_id"), mask).to_pylist())
+        stored = ctx.store.read("messages", user, columns=["message_id", "speaker"],
+                                where=col("message_id").isin(missing))
+        said |= said_by(stored.to_pylist(), voices)
     return said
 
 
-def about_the_user(nodes: list[Node], said: set[str]) -> list[Node]:
+def summarized(nodes: list[Node], said: set[str]) -> list[Node]:
     """The nodes a phase summary reads: all but those citing only assistant turns (`said`), which
     paraphrase the assistant's advice rather than the user's history (on assistant chats most
     fragments are; a `rules` summary quoted them); every node when none would be left."""
-    mine = [n for n in nodes if not (n.source_ids and set(n.source_ids) <= said)]
-    return mine or nodes
+    return [n for n in nodes if not cites_only(n.source_ids, said)] or nodes
 
 
 def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> None:
@@ -233,8 +225,8 @@ def _sources(nodes: list[Node]) -> list[str]:
 
 def phase_context(user: str, number: int, nodes: list[Node], said: set[str] | None = None) -> dict[str, Any]:
     """The summary request's context for one phase of `nodes`: its items are the memories about the
-    user (`about_the_user`, `said`: the assistant's turn ids)."""
-    items = about_the_user(nodes, said or set())
+    user (`summarized`, `said`: the assistant's turn ids)."""
+    items = summarized(nodes, said or set())
     return {"user_id": user, "phase_id": make_id(user, "phase", prompts.SUMMARIZE_VERSION, *[n.id for n in nodes]),
             "number": number, "start": _day(nodes[0].session_ts), "end": _day(nodes[-1].session_ts),
             "items": [{"id": n.id, "date": n.date or _day(n.session_ts), "text": n.text} for n in items]}

@@ -19,7 +19,7 @@ import numpy as np
 
 from memory.llm.rules.supersede import (SUPERSEDE_VERSION, Quantity, contradiction, decide, is_statement,
                                          quantities, says_never)
-from memory.text import prose, split_sentences
+from memory.text import cites_only, prose, said_by, split_sentences
 
 __all__ = ["History", "QuantityIndex", "Turns", "Unheld", "plan_turns", "MESSAGE_NEIGHBOURS", "MESSAGE_MIN_SIM", "MAX_TURNS",
            "MAX_CONTRADICTED", "MAX_SENTENCES"]
@@ -78,11 +78,10 @@ class Turns:
     the fragments'): a turn that mostly holds code or another topic is still found."""
 
     def __init__(self, rows: list[dict[str, Any]], skip: Iterable[str] = ()) -> None:
-        voices = {v.lower() for v in skip}       # assistants' turns: not the user's facts, never searched
-        #: the message ids of the skipped speakers' turns
-        self.skipped = {m["message_id"] for m in rows if str(m.get("speaker") or "").lower() in voices}
+        #: the message ids of the skipped speakers' turns (assistants': not the user's facts, never searched)
+        self.skipped = said_by(rows, skip)
         rows = [m for m in rows if m.get("vector") is not None and m.get("ts") is not None
-                and str(m.get("speaker") or "").lower() not in voices]
+                and m["message_id"] not in self.skipped]
         self.rows = rows
         self.z = np.stack([np.asarray(m["vector"], dtype=np.float32) for m in rows]) if rows else \
             np.zeros((0, 1), dtype=np.float32)
@@ -96,8 +95,7 @@ class Turns:
 
     def skipped_only(self, f: dict[str, Any]) -> bool:
         """Does fragment `f` cite only turns of the skipped speakers (an assistant's advice)?"""
-        sources = f.get("source_ids") or []
-        return bool(sources) and all(s in self.skipped for s in sources)
+        return cites_only(f.get("source_ids"), self.skipped)
 
     def same_quantity(self, f: dict[str, Any]) -> list[int]:
         """Turns (positions) with a sentence sharing at least two (unit, context word) keys with a
