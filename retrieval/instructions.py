@@ -198,17 +198,9 @@ def replaced_instructions(index: UserIndex, assistants: tuple[str, ...]) -> froz
         v = validity_of(index)
         if rows.size == 0 or not v.replaced_in:
             return frozenset()
-        row_of, mine = index.row_of_id(), set(ids)
-        lists = index.meta.column("source_ids").combine_chunks()
-        flat = pc.list_flatten(lists)
-        hit = pc.fill_null(pc.is_in(flat, value_set=pa.array(ids)), False)   # only these leave Arrow
-        owners = pc.filter(pc.list_parent_indices(lists), hit).to_pylist()
-        citing: dict[str, list[str]] = {}
-        for mid, row in zip(pc.filter(flat, hit).to_pylist(), owners):
-            if index.kinds[row] == "fragment":
-                citing.setdefault(mid, []).append(str(index.meta.column("id")[row].as_py()))
+        row_of, mine, memory_id = index.row_of_id(), set(ids), index.meta.column("id")
         return frozenset(
             m for m in ids
             if any(f in row_of and (set(index.source_ids(row_of[f])) & mine) - {m} for f in v.replaced_in.get(m, []))
-            and all(f in v.superseded_by for f in citing.get(m, [])))
+            and all(memory_id[r].as_py() in v.superseded_by for r in v.by_message.get(m, [])))
     return index.memo("instructions-replaced:" + ",".join(sorted(assistants)), build)

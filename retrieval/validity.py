@@ -81,7 +81,8 @@ class Validity:
     contradicts: dict[str, str] = field(default_factory=dict)        # both directions
     valid_from: dict[str, str] = field(default_factory=dict)
     valid_until: dict[str, str] = field(default_factory=dict)
-    #: message id -> index rows of the fragments citing it (messages cited by an eventful fragment)
+    #: message id -> index rows of the fragments citing it (messages an eventful fragment cites or
+    #: names in `replaces_sources`)
     by_message: dict[str, list[int]] = field(default_factory=dict)
     #: message id -> fragments whose statement replaced one of it (superseded fragments' sources and
     #: `replaces_sources`)
@@ -150,6 +151,7 @@ def _load(index: UserIndex) -> Validity:
                 v.replaced_in.setdefault(s, []).append(r["superseded_by"])
         for s in r["replaces_sources"] or []:
             v.replaced_in.setdefault(s, []).append(fid)
+            cited.add(s)
         if r["contradicts_sources"]:
             turns = index.turn_rows()
             own = [str(index.meta.column("id")[turns[s]].as_py()) for s in r["source_ids"] or [] if s in turns]
