@@ -112,6 +112,17 @@ class UserIndex:
             return {s[0]: int(r) for r, s in zip(rows.tolist(), srcs) if s}
         return self.memo("turn-rows", build)
 
+    def said_by(self, voices: tuple[str, ...]) -> pa.ChunkedArray:
+        """Per turn of `messages`: did one of `voices` (speaker names, case-insensitive) say it? Built
+        once per index (the assistant masks of the strategies and of the instruction place)."""
+        def build() -> pa.ChunkedArray:
+            t = self.messages
+            if t.num_rows == 0 or "speaker" not in t.column_names:
+                return pa.chunked_array([pa.array([False] * t.num_rows, pa.bool_())])
+            return pc.fill_null(pc.is_in(pc.utf8_lower(t.column("speaker")),
+                                         value_set=pa.array(sorted({v.lower() for v in voices}))), False)
+        return self.memo("said-by:" + ",".join(sorted(voices)), build)
+
     def turns(self) -> dict[str, str]:
         """message_id -> "speaker: text" of every turn of the user, built on first use."""
         t = self.messages

@@ -19,7 +19,6 @@ import re
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from memory.lexicon import IRREGULAR_PAST
@@ -140,8 +139,7 @@ def _instructions(index: UserIndex, assistants: tuple[str, ...]) -> tuple[np.nda
         none: tuple[np.ndarray, list[str]] = (np.zeros(0, dtype=np.int64), [])
         if not assistants or t.num_rows == 0 or "speaker" not in t.column_names:
             return none
-        voice = pc.fill_null(pc.is_in(pc.utf8_lower(t.column("speaker")),
-                                      value_set=pa.array([a.lower() for a in assistants])), False)
+        voice = index.said_by(assistants)
         if not pc.any(voice).as_py():
             return none
         own = t.filter(pc.invert(voice))

@@ -85,8 +85,7 @@ def assistant_memories(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:
         t = index.messages
         if t.num_rows == 0 or "speaker" not in t.column_names or index.size == 0:
             return np.zeros(index.size, dtype=bool)
-        said = pc.is_in(pc.utf8_lower(t.column("speaker")), value_set=pa.array([v.lower() for v in voices]))
-        theirs = pc.filter(t.column("message_id"), pc.fill_null(said, False))
+        theirs = pc.filter(t.column("message_id"), index.said_by(voices))
         lists = index.meta.column("source_ids").combine_chunks()
         lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(lists)        # the sources of every row, in row order
