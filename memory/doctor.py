@@ -10,6 +10,10 @@
   (nor a compaction, which moves rows) comes in between the read and the delete, and a crash loses
   nothing (no delete-then-re-add window).
 
+- `unstored_terms`: searchable rows without stored BM25 terms (`schemas.TERMS`: rows an older mnemo
+  wrote, whose user's first query then tokenizes them); `store_terms` rewrites them, and the store
+  works their terms out on the write.
+
 `check(store, fix=...)` runs them all; `mnemo doctor [--fix]` prints it.
 """
 from __future__ import annotations
@@ -18,8 +22,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.compute as pc
 from lancedb.expr import col
 
+from memory import schemas
 from memory.store import Store
 
 #: the column naming the messages a memory row comes from
@@ -93,6 +99,38 @@ def remove_duplicates(store: Store, tables: list[str] | None = None) -> dict[str
     return removed
 
 
+def unstored_terms(store: Store, tables: list[str] | None = None) -> dict[str, int]:
+    """{table: rows without stored BM25 terms} over the searchable tables."""
+    out: dict[str, int] = {}
+    for name in _tables(store, tables):
+        if name in schemas.MEMORY_TABLES.values():
+            n = store.read(name, columns=[schemas.TERMS]).column(schemas.TERMS).null_count
+            if n:
+                out[name] = n
+    return out
+
+
+#: rows rewritten per upsert by `store_terms`
+TERMS_BATCH = 10_000
+
+
+def store_terms(store: Store, tables: list[str] | None = None) -> dict[str, int]:
+    """Rewrite the rows without stored BM25 terms (the store adds them on write), under the writer
+    lease so no other write comes between a read and its rewrite; {table: rows rewritten}."""
+    done: dict[str, int] = {}
+    for name in _tables(store, tables):
+        if name not in schemas.MEMORY_TABLES.values():
+            continue
+        with store.write_lease():
+            t = store.read(name, columns=["id", schemas.TERMS])
+            ids = pc.filter(t.column("id"), pc.is_null(t.column(schemas.TERMS))).to_pylist()
+            for start in range(0, len(ids), TERMS_BATCH):
+                store.upsert(name, store.read_ids(name, ids[start:start + TERMS_BATCH]))
+        if ids:
+            done[name] = len(ids)
+    return done
+
+
 @dataclass
 class DoctorReport:
     """What `check` found (and removed, with `fix`)."""
@@ -100,6 +138,8 @@ class DoctorReport:
     duplicates: dict[str, dict[str, int]] = field(default_factory=dict)
     missing: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     removed: dict[str, int] = field(default_factory=dict)
+    unstored: dict[str, int] = field(default_factory=dict)      # rows without stored BM25 terms
+    terms_stored: dict[str, int] = field(default_factory=dict)  # of those, rewritten with them (fix)
 
     @property
     def ok(self) -> bool:
@@ -123,16 +163,24 @@ class DoctorReport:
             out.append(f"{name}: {len(rows)} rows with missing source messages, e.g. {sample}")
         if not out:
             out.append("no duplicate ids, no missing sources")
+        for name, n in self.unstored.items():
+            done = f"; stored them for {self.terms_stored[name]}" if name in self.terms_stored else \
+                " (a user's first query tokenizes them; `mnemo doctor --fix` stores them)"
+            out.append(f"{name}: {n} rows without stored BM25 terms{done}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"duplicates": self.duplicates, "missing_sources": self.missing, "removed": self.removed,
-                "ok": self.ok}
+                "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "ok": self.ok}
 
 
 def check(store: Store, *, fix: bool = False) -> DoctorReport:
-    """Every check on the store; with `fix`, duplicates removed (missing sources are only reported)."""
-    report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store))
+    """Every check on the store; with `fix`, duplicates removed and missing BM25 terms stored (missing
+    sources are only reported). Rows without stored terms are not a problem (`ok`): they are slower."""
+    report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store),
+                          unstored=unstored_terms(store))
     if fix and report.duplicates:
         report.removed = remove_duplicates(store, list(report.duplicates))
+    if fix and report.unstored:
+        report.terms_stored = store_terms(store, list(report.unstored))
     return report

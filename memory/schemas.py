@@ -19,6 +19,10 @@ CATEGORIES = ("factual", "experiential", "subjective")
 INFERENCE_TYPES = ("extension", "accumulation", "specification", "transformation", "connection")
 
 
+#: each searchable row's BM25 terms (`memory.terms`, set on every write); suffix: the tokenizer's version
+TERMS = "terms_v1"
+
+
 def vector_type(dim: int) -> pa.DataType:
     return pa.list_(pa.float32(), dim)
 
@@ -35,6 +39,10 @@ def _provenance() -> list[pa.Field]:
         pa.field("model", pa.string()),
         pa.field("prompt_version", pa.string()),
     ]
+
+
+def _terms() -> list[pa.Field]:   # null: written before terms were stored (tokenized on load)
+    return [pa.field(TERMS, STR_LIST, nullable=True)]
 
 
 def _validity() -> list[pa.Field]:
@@ -68,7 +76,7 @@ def messages(dim: int) -> pa.Schema:
         pa.field("archive", pa.string()),
         pa.field("vector", vector_type(dim), nullable=True),
         pa.field("embed_model", pa.string()),
-    ])
+    ] + _terms())
 
 
 def sessions(dim: int) -> pa.Schema:
@@ -96,7 +104,7 @@ def fragments(dim: int) -> pa.Schema:
         pa.field("text", pa.string()),
         pa.field("cluster_id", pa.string()),
         pa.field("vector", vector_type(dim)),
-    ] + _provenance() + _validity())
+    ] + _provenance() + _validity() + _terms())
 
 
 def insights(dim: int) -> pa.Schema:
@@ -112,7 +120,7 @@ def insights(dim: int) -> pa.Schema:
         pa.field("text", pa.string()),
         pa.field("parent_ids", STR_LIST),
         pa.field("vector", vector_type(dim)),
-    ] + _provenance() + _validity())
+    ] + _provenance() + _validity() + _terms())
 
 
 def observations(dim: int) -> pa.Schema:
@@ -265,7 +273,7 @@ def topics(dim: int) -> pa.Schema:
         pa.field("history_json", pa.string()),
         pa.field("merges", pa.int32()),
         pa.field("vector", vector_type(dim)),
-    ] + _provenance())
+    ] + _provenance() + _terms())
 
 
 def feedback(dim: int) -> pa.Schema:
@@ -345,7 +353,7 @@ def summaries(dim: int) -> pa.Schema:
         pa.field("member_ids", STR_LIST),
         pa.field("n_items", pa.int32()),
         pa.field("vector", vector_type(dim)),
-    ] + _provenance())
+    ] + _provenance() + _terms())
 
 
 def units(dim: int) -> pa.Schema:

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.expr import Expr, col, lit
 
-from memory import schemas, units
+from memory import schemas, terms, units
 from memory.errors import StoreBusyError, StoreError, VersionGoneError
 from memory.ids import validate_user_id
 from memory.inserts import InsertLog
@@ -150,19 +150,16 @@ class Store:
 
     # -- writes ---------------------------------------------------------------------------
     def conform(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> pa.Table:
-        """Cast rows to the table's schema (missing nullable columns become nulls)."""
+        """Cast rows to the table's schema (missing nullable columns become nulls); a searchable
+        table's rows get their BM25 terms from their text (`memory.terms`), whatever came in."""
         schema = schemas.schema_for(name, self.dim)
         if isinstance(data, pl.DataFrame):
             data = data.to_arrow()
         if isinstance(data, list):
-            return pa.Table.from_pylist(data, schema=schema)
-        cols = []
-        for field in schema:
-            if field.name in data.column_names:
-                cols.append(data.column(field.name).cast(field.type))
-            else:
-                cols.append(pa.nulls(data.num_rows, field.type))
-        return pa.Table.from_arrays(cols, schema=schema)
+            return terms.with_terms(name, pa.Table.from_pylist(data, schema=schema))
+        cols = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
+                for f in schema]
+        return terms.with_terms(name, pa.Table.from_arrays(cols, schema=schema))
 
     def upsert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
         """Insert or replace rows by `id`; returns the number of rows written."""
@@ -338,6 +335,13 @@ class Store:
                 self._pinned.pop((name, int(version)), None)
             raise VersionGoneError(f"cannot read table {name!r} at version {version}: {exc}", table=name,
                                    version=version) from exc
+
+    def columns(self, name: str, version: int | None = None) -> list[str]:
+        """The columns of table `name` (at `version`: an older mnemo's may lack newer columns)."""
+        if version == 0 or not self.has_table(name):
+            return list(schemas.schema_for(name, self.dim).names)
+        tbl = self.table(name) if version is None else self.at_version(name, version)
+        return list(tbl.schema.names)
 
     def _empty(self, name: str, columns: list[str] | None) -> pa.Table:
         schema = schemas.schema_for(name, self.dim)

@@ -38,7 +38,8 @@ from memory import schemas
 from memory.errors import StoreError, VersionGoneError
 from memory.ids import validate_user_id
 from memory.store import Store
-from retrieval.lexical import BM25Index
+from memory.terms import message_text
+from retrieval.lexical import BM25Index, warm
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class UserIndex:
     versions: tuple[int, ...] = ()
     #: table -> digest of the user's row addresses there, for every table read so far
     digests: dict[str, bytes] = field(default_factory=dict)
+    #: the rows' stored BM25 terms (`schemas.TERMS`), kept until the BM25 index is built from them
+    terms: pa.Array | None = None
     _lexical: BM25Index | None = None
     _extra: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)   # a memo may build from another memo
@@ -89,7 +92,8 @@ class UserIndex:
         """The BM25 index of the rows' texts, built on first use."""
         with self._lock:
             if self._lexical is None:
-                self._lexical = BM25Index(self.meta.column("text"), k1=k1, b=b)
+                self._lexical = BM25Index(self.meta.column("text"), k1=k1, b=b, terms=self.terms)
+                self.terms = None
             return self._lexical
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
@@ -168,8 +172,7 @@ def _vectors(col: pa.ChunkedArray, dim: int) -> np.ndarray:
 
 def _message_meta(t: pa.Table) -> pa.Table:
     n = t.num_rows
-    speaker = pc.fill_null(t.column("speaker"), "")
-    text = pc.binary_join_element_wise(speaker, pc.fill_null(t.column("text"), ""), ": ")
+    text = message_text(t.column("speaker"), t.column("text"))
     sources = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)),
                                        t.column("message_id").combine_chunks())
     ts = t.column("ts")
@@ -208,11 +211,10 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
     kinds_tables = list(schemas.MEMORY_TABLES.items())
     def columns(kind: str) -> list[str]:
         extra = VALIDITY_COLUMNS if kind == "fragment" else []
-        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", ADDR]
-    reads = [_POOL.submit(store.read, table, user_id, version=at.get(table), columns=columns(kind))
-             for kind, table in kinds_tables]
+        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", schemas.TERMS, ADDR]
+    reads = [_POOL.submit(_read, store, table, user_id, at.get(table), columns(kind)) for kind, table in kinds_tables]
     validity: pa.Table | None = None
-    metas, tables, digests = [], [], {}
+    metas, tables, digests, terms = [], [], {}, []
     messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
                          "text": pa.array([], pa.string())})
     for (kind, table), read in zip(kinds_tables, reads):
@@ -224,20 +226,24 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
             t = t.drop_columns(VALIDITY_COLUMNS)
         if kind == "message" and t.num_rows:
             messages = t.select(["message_id", "speaker", "text"])
-        t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
+        if t.column("vector").null_count:
+            t = t.filter(pc.is_valid(t.column("vector")))  # turns get vectors when consolidated
         if t.num_rows == 0:
             continue
         metas.append(_message_meta(t) if kind == "message" else _memory_meta(t, kind))
         tables.append(t)
+        terms.append(t.column(schemas.TERMS).combine_chunks() if schemas.TERMS in t.column_names
+                     else pa.nulls(t.num_rows, schemas.STR_LIST))
     meta = pa.concat_tables(metas).combine_chunks() if metas else META.empty_table()
-    future = _build_lexical(meta, lexical) if lexical and meta.num_rows else None
+    stored = pa.concat_arrays(terms) if terms else None
+    future = _build_lexical(meta, stored, lexical) if lexical and stored is not None else None
     vecs = [_vectors(t.column("vector"), store.dim) for t in tables]
     z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
     names = [m.column("kind")[0].as_py() for m in metas]
     kinds = np.repeat(np.asarray(names, dtype=str), [m.num_rows for m in metas]) if metas \
         else np.zeros(0, dtype=str)
     idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store,
-                    versions=tuple(versions), digests=digests)
+                    versions=tuple(versions), digests=digests, terms=None if future else stored)
     if validity is not None:
         valid: pa.Table = validity
         idx.memo(FRAGMENT_VALIDITY, lambda: valid)
@@ -268,9 +274,17 @@ def unchanged(store: Store, index: UserIndex, versions: tuple[int, ...]) -> bool
 
 
 
-def _build_lexical(meta: pa.Table, params: tuple[float, float]) -> Future[BM25Index]:
+def _read(store: Store, table: str, user_id: str, version: int | None, columns: list[str]) -> pa.Table:
+    """One table's rows of the user for the index; a table an older mnemo wrote at that version may
+    have no stored BM25 terms (they are then tokenized from the text)."""
+    if schemas.TERMS in columns and schemas.TERMS not in store.columns(table, version):
+        columns = [c for c in columns if c != schemas.TERMS]
+    return store.read(table, user_id, version=version, columns=columns)
+
+
+def _build_lexical(meta: pa.Table, terms: pa.Array, params: tuple[float, float]) -> Future[BM25Index]:
     k1, b = params
-    return _POOL.submit(BM25Index, meta.column("text"), k1=k1, b=b)
+    return _POOL.submit(BM25Index, meta.column("text"), k1=k1, b=b, terms=terms)
 
 
 #: snapshots `IndexCache.get` reads before a purged version is the caller's error
@@ -285,6 +299,8 @@ class IndexCache:
                  lexical: tuple[float, float] | None = None) -> None:
         self.store = store
         self.lexical = lexical  # (k1, b): build each user's BM25 index while its vectors load
+        if lexical:
+            warm()
         self.refresh_s = refresh_ms / 1000.0
         self.max_users = max_users
         self._users: OrderedDict[str, UserIndex] = OrderedDict()
@@ -293,6 +309,7 @@ class IndexCache:
         self._lock = threading.Lock()              # the dict, the snapshot
         self._check_lock = threading.Lock()        # one thread reads the versions at a time
         self._building: dict[str, list[Any]] = {}  # user -> [lock, waiters]: one build per user
+        self.check()          # opens the tables now, not in the first query (a fifth of a cold one)
 
     def versions(self) -> tuple[int, ...]:
         """Version of every tracked table (0 when missing) to pin: the latest, but never half of a

@@ -1,13 +1,12 @@
 """The lexical channel: Okapi BM25 over one user's memory texts, scored in NumPy.
 
-Tokenization runs in Polars (Rust: lowercase, regex split, explode, hash), so indexing a
-user's memories fits in a cold query; the index is a SciPy CSC matrix of
+The terms of every row are stored with it (`schemas.TERMS`, worked out at write time by
+`memory.terms`), so indexing a user's memories reads them and hashes them; rows written before
+terms were stored are tokenized on load (Polars, in Rust). The index is a SciPy CSC matrix of
 precomputed BM25 term weights, so scoring a query is one sparse column sum over its terms.
 Why not a search engine: a tantivy or LanceDB FTS index lives per table, not per user, and answers
 top hits only; fusion with the dense channel wants a score for every candidate row, and the
-recollection rounds must stay in memory. Tokens are runs of letters and digits of any script (no
-Unicode normalization: an NFD text and its NFC query do not match). Stop words are scikit-learn's
-English list; a light plural folding ("paintings" -> "painting") is the only stemming.
+recollection rounds must stay in memory.
 """
 from __future__ import annotations
 
@@ -20,84 +19,53 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import sparse
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+from memory.terms import token_frame, tokenize
 
 log = logging.getLogger(__name__)
 
-#: letters and digits of any script (Rust regex `\w`, marks included), no underscore: "café", "гитару"
-TOKEN_RE = r"[^\W_]+"
-STOP_WORDS = frozenset(ENGLISH_STOP_WORDS)
+
+def warm() -> None:
+    """Load the stop words and compile the token regex now, with the retriever, not in a user's
+    first query (scikit-learn's import takes 0.7 s; the regex a few ms)."""
+    tokenize("warm")
 
 
-def _fold(token: str) -> str:
-    if len(token) > 3 and token.endswith("s") and not token.endswith("ss"):
-        return token[:-1]
-    return token
-
-
-def words(text: pl.Expr) -> pl.Expr:
-    """Lowercase word tokens of a text column: one Polars expression for documents and queries, so
-    both sides split alike (Python's `\w` differs from Rust's on combining marks: Hindi, Thai)."""
-    return text.str.to_lowercase().str.extract_all(TOKEN_RE)
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercase word tokens without stop words, plurals folded (the query side)."""
-    found = pl.Series([text], dtype=pl.Utf8).to_frame("t").select(words(pl.col("t"))).item().to_list()
-    return [_fold(t) for t in found if t not in STOP_WORDS]
-
-
-_STOP = pl.Series(sorted(STOP_WORDS))
-#: texts are tokenized in this many parts per Polars thread, run at once (`pl.collect_all`)
-PARTS_PER_THREAD = 2
-
-
-def text_parts(texts: pa.Array) -> list[tuple[int, int]]:
-    """(start, end) row ranges of about equal text length, a few per Polars thread: one long turn
-    can outweigh thousands of fragments, so equal row counts would leave threads idle."""
-    n = len(texts)
-    parts = max(1, min(n, pl.thread_pool_size() * PARTS_PER_THREAD))
-    if parts == 1:
-        return [(0, n)] if n else []
-    lengths = pc.fill_null(pc.utf8_length(texts), 0).to_numpy(zero_copy_only=False)
-    cuts = np.searchsorted(np.cumsum(lengths), np.linspace(0, lengths.sum(), parts + 1)[1:-1])
-    bounds = [0, *sorted(set(int(x) + 1 for x in cuts if 0 <= x < n - 1)), n]
-    return [(a, z) for a, z in zip(bounds, bounds[1:]) if z > a]
-
-
-def _tokens(texts: pa.Array, offset: int) -> pl.LazyFrame:
-    """(doc, term hash) of every token of `texts`, docs numbered from `offset` (see `tokenize`)."""
-    tok = pl.col("tok")
-    folded = pl.when((tok.str.len_chars() > 3) & tok.str.ends_with("s") & ~tok.str.ends_with("ss")) \
-        .then(tok.str.slice(0, tok.str.len_chars() - 1)).otherwise(tok)
-    return (pl.LazyFrame({"text": pl.Series("text", texts, dtype=pl.Utf8).fill_null("")})
-            .with_row_index("doc", offset=offset)
-            .select("doc", words(pl.col("text")).alias("tok"))
-            .explode("tok").drop_nulls("tok")
-            .filter(~tok.is_in(_STOP.implode()))
-            .select("doc", folded.hash().alias("h")))
+def _term_hashes(texts: pa.Array, stored: pa.Array | None) -> tuple[pl.DataFrame, int]:
+    """(doc, term hash) of every term, from the stored terms where a row has them, else from its
+    text; and how many rows had to be tokenized."""
+    if stored is None:
+        frame, todo = token_frame(texts), len(texts)
+    else:
+        missing = pc.is_null(stored).to_numpy(zero_copy_only=False)
+        frame = pl.DataFrame({"doc": pl.Series(pc.list_parent_indices(stored).to_numpy(), dtype=pl.UInt32),
+                              "tok": pl.Series(pc.list_flatten(stored), dtype=pl.Utf8)})
+        rows = np.flatnonzero(missing)
+        if rows.size:
+            frame = pl.concat([frame, token_frame(texts.take(pa.array(rows)), rows)])
+        todo = int(rows.size)
+    return frame.select("doc", pl.col("tok").hash().alias("h")), todo
 
 
 class BM25Index:
     """BM25 weights of every (memory, term) pair of one user's texts.
 
     Terms are identified by their Polars 64-bit hash (fixed seed), so building needs no string
-    group-by or vocabulary join. The texts are tokenized in parts of about equal length on Polars'
-    threads; the term matrix (CSC, one column of weights per distinct hash) is then built on a
+    group-by or vocabulary join. They are the rows' stored `terms` where given (`schemas.TERMS`),
+    else their texts tokenized in parts of about equal length on Polars' threads; the term matrix (CSC, one column of weights per distinct hash) is then built on a
     background thread, and until it is ready a query is scored from the tokens themselves (the
     first query of a cold index does not wait for it). Both paths compute the same float32 weights
     and add them up term by term in hash order, so they give bit-identical scores.
     """
 
     def __init__(self, texts: Sequence[str | None] | pa.Array | pa.ChunkedArray, k1: float = 1.2,
-                 b: float = 0.75) -> None:
+                 b: float = 0.75, terms: pa.Array | pa.ChunkedArray | None = None) -> None:
         self.n_docs = n = len(texts)
         self.k1, self.b = k1, b
         arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else \
             texts if isinstance(texts, pa.Array) else pa.array(list(texts), pa.string())
-        parts = pl.collect_all([_tokens(arr.slice(a, z - a), a) for a, z in text_parts(arr)])
-        toks = pl.concat(parts) if parts else pl.DataFrame({"doc": [], "h": []},
-                                                          schema={"doc": pl.UInt32, "h": pl.UInt64})
+        stored = terms.combine_chunks() if isinstance(terms, pa.ChunkedArray) else terms
+        toks, self.tokenized = _term_hashes(arr, stored)   # rows tokenized here (no stored terms)
         self.doc_len = np.bincount(toks["doc"].to_numpy(), minlength=n).astype(np.float32)
         self.avg = float(self.doc_len.mean()) if n and self.doc_len.mean() > 0 else 1.0
         self._tokens: pl.DataFrame | None = toks
@@ -158,10 +126,15 @@ class BM25Index:
                 lo, hi = m.indptr[col], m.indptr[col + 1]
                 out[m.indices[lo:hi]] += m.data[lo:hi]
             return out
-        hits = (toks.filter(pl.col("h").is_in(pl.Series(hashes).implode()))
-                .group_by("h", "doc").len().sort("h", "doc"))
-        h, doc = hits["h"].to_numpy(), hits["doc"].to_numpy().astype(np.int64)
-        tf = hits["len"].to_numpy().astype(np.float32)
+        # NumPy, not Polars: the matrix is being built on Polars' threads meanwhile
+        every = toks["h"].to_numpy()
+        hit = np.isin(every, hashes)
+        h, doc = every[hit], toks["doc"].to_numpy()[hit].astype(np.int64)
+        order = np.lexsort((doc, h))
+        h, doc = h[order], doc[order]
+        pair = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (doc[1:] != doc[:-1])]) if h.size else order
+        tf = np.diff(np.r_[pair, h.size]).astype(np.float32)
+        h, doc = h[pair], doc[pair]
         starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]]) if h.size else np.zeros(0, dtype=np.int64)
         ends = np.r_[starts[1:], h.size]
         for lo, hi in zip(starts.tolist(), ends.tolist()):

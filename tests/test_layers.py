@@ -14,9 +14,10 @@ PACKAGES = ("memory", "retrieval", "evaluation", "flows")
 
 #: the modules of the memory layer that orchestrate stages (above memory core, beside memory.stages)
 ORCHESTRATION = ("memory.stages", "memory.pipeline", "memory.runs", "memory.forget", "memory.forget_plan")
-#: what the online retriever may import from memory: reading, never building
+#: what the online retriever may import from memory: reading, never building (`memory.terms`: the
+#: tokenizer the store's writes and the queries share)
 RETRIEVAL_MAY_IMPORT = ("memory.store", "memory.schemas", "memory.ids", "memory.errors", "memory.embed",
-                        "memory.read", "memory.settings", "memory.lexicon")
+                        "memory.read", "memory.settings", "memory.lexicon", "memory.terms")
 
 
 def layer(module: str) -> int:

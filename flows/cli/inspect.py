@@ -71,11 +71,12 @@ def graph(
 
 def doctor(
     ctx: typer.Context,
-    fix: bool = typer.Option(False, "--fix", help="remove duplicate rows, keeping one copy of each id"),
+    fix: bool = typer.Option(False, "--fix", help="remove duplicate rows, keeping one copy of each id, and "
+                             "store the BM25 terms of rows an older mnemo wrote"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
-    """Report duplicate ids per table and rows whose source messages are missing; exit 1 when a
-    problem remains (after --fix, only missing sources can)."""
+    """Report duplicate ids per table, rows whose source messages are missing, and rows without stored
+    BM25 terms; exit 1 when a problem remains (after --fix, only missing sources can)."""
     from memory.doctor import check
     from memory.runs import open_store
 

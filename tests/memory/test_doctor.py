@@ -1,6 +1,7 @@
 """`memory.doctor` and `mnemo doctor [--fix]` on a real consolidated store: duplicates planted with a raw
 LanceDB add (bypassing the upsert) are found and removed down to one copy per id, rows whose source
-messages are gone are reported, and a clean store says so."""
+messages are gone are reported, rows without stored BM25 terms are reported and stored by `--fix`, and a
+clean store says so."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ from lancedb.expr import col
 from typer.testing import CliRunner
 
 from flows.cli import app
-from memory.doctor import check, duplicate_ids, missing_sources, remove_duplicates
+from memory import schemas
+from memory.doctor import check, duplicate_ids, missing_sources, remove_duplicates, unstored_terms
 from memory.store import Store
+from retrieval.index import load_user
 
 
 def doctor(store: Store, *args: str) -> Any:
@@ -80,3 +83,26 @@ def test_rows_whose_source_messages_are_gone_are_reported(sample_store: Store) -
     res = doctor(sample_store, "--fix")
     assert res.exit_code == 1, res.output   # missing sources are reported, never "fixed"
     assert "rows with missing source messages" in res.output and gone in res.output
+
+
+def test_rows_without_stored_terms_are_reported_and_stored_by_fix(sample_store: Store) -> None:
+    """A consolidated store has every row's BM25 terms; rows an older mnemo wrote (terms null) are
+    reported, not a problem, and `--fix` stores them, the same as a write would, nothing else changed."""
+    assert unstored_terms(sample_store) == {}
+    want = {name: sample_store.read(name).sort_by("id") for name in ("messages", "fragments")}
+    raw = lancedb.connect(sample_store.uri)
+    for name in want:
+        raw.open_table(name).update(values_sql={schemas.TERMS: "NULL"})
+    assert unstored_terms(sample_store) == {name: t.num_rows for name, t in want.items()}
+    assert load_user(sample_store, want["messages"].column("user_id")[0].as_py(),
+                     lexical=(1.2, 0.75)).lexical(1.2, 0.75).tokenized > 0
+
+    res = doctor(sample_store)
+    assert res.exit_code == 0, res.output
+    assert f"messages: {want['messages'].num_rows} rows without stored BM25 terms" in res.output
+    res = doctor(sample_store, "--fix", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["terms_stored"] == {name: t.num_rows for name, t in want.items()}
+    assert unstored_terms(sample_store) == {}
+    for name, before in want.items():
+        assert sample_store.read(name).sort_by("id").equals(before), name   # terms, vectors, all

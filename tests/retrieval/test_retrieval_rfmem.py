@@ -8,10 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from memory import terms
 from memory.settings import RetrievalSettings
+from memory.terms import tokenize
 from retrieval import lexical, rfmem
 from retrieval.calibration import calibrate
-from retrieval.lexical import BM25Index, tokenize
+from retrieval.lexical import BM25Index
 
 
 def _unit(a: np.ndarray) -> np.ndarray:
@@ -132,12 +134,12 @@ def test_bm25_reads_every_script_alike_on_both_sides() -> None:
 def test_bm25_built_in_parts_equals_one_part(monkeypatch: pytest.MonkeyPatch) -> None:
     texts = ["a long turn about guitars and chords " * 200, None, "short guitar note", ""] + \
         [f"fragment {i} about chords and guitars" for i in range(50)]
-    monkeypatch.setattr(lexical, "PARTS_PER_THREAD", 1)
-    monkeypatch.setattr(lexical.pl, "thread_pool_size", lambda: 1)
+    monkeypatch.setattr(terms, "PARTS_PER_THREAD", 1)
+    monkeypatch.setattr(terms.pl, "thread_pool_size", lambda: 1)
     one = BM25Index(texts, b=0.9)
-    monkeypatch.setattr(lexical, "PARTS_PER_THREAD", 4)
-    monkeypatch.setattr(lexical.pl, "thread_pool_size", lambda: 2)
-    assert len(lexical.text_parts(pa.array(texts, pa.string()))) > 2     # the long turn does not hold up one part
+    monkeypatch.setattr(terms, "PARTS_PER_THREAD", 4)
+    monkeypatch.setattr(terms.pl, "thread_pool_size", lambda: 2)
+    assert len(terms.text_parts(pa.array(texts, pa.string()))) > 2     # the long turn does not hold up one part
     parts = BM25Index(texts, b=0.9)
     assert np.array_equal(one.terms, parts.terms) and abs(one.matrix - parts.matrix).max() == 0
 
