@@ -96,6 +96,21 @@ def test_a_named_change_needs_the_cue_before_the_new_name() -> None:
     assert decide(far, old, 0.8) is None                           # the cue does not govern the name
 
 
+def test_a_quoted_name_is_a_quotation_not_a_new_value() -> None:
+    """v8: "now getting a “Rate limit exceeded” error" had replaced "using the API correctly"."""
+    old = {"subject": "user", "key": "rate limits", "content": "user wants to make sure user is using the API "
+           "correctly and handling the rate limits properly", "source_ids": ["m1"]}
+    for quoted in ("“Rate limit exceeded”", '"Rate limit exceeded"', "'Rate limit exceeded'", "‘Rate limit exceeded’"):
+        new = {"subject": "user", "key": "rate limits", "content": f"However, user is now getting a {quoted} "
+               "error and user is not sure how to handle it", "source_ids": ["m2"]}
+        assert decide(new, old, 0.8) is None, quoted
+    nginx = {"subject": "user", "key": "rate limits", "content": "user's client uses Nginx to handle the "
+             "rate limits", "source_ids": ["m3"]}
+    kong = {"subject": "user", "key": "rate limits", "content": "user's client now uses Kong to handle the "
+            "user's rate limits", "source_ids": ["m4"]}
+    assert decide(kong, nginx, 0.8) == "update"                    # an apostrophe opens no quote
+
+
 def _turn(mid: str, day: int, text: str, vec: Any, speaker: str = "Dana") -> dict[str, Any]:
     return {"message_id": mid, "speaker": speaker, "text": text, "vector": vec,
             "ts": datetime(2024, 4, day, 9, tzinfo=timezone.utc)}

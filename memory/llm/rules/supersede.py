@@ -38,6 +38,7 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   with a change cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a
   capitalized value the older one does not name (within `CUE_WORDS` words after the cue), while
   the older names one the newer drops, **updates** it (``now uses PostgreSQL`` after ``uses SQLite``).
+  A name inside quotes is a quotation, not a value (``now getting a "Rate limit exceeded" error``).
 * **contradictions** — a newer fragment that negates an experience or state for all time
   (``never``, ``haven't ever``, ``not yet``) of which an older fragment states the opposite
   (sharing at least `MIN_SHARED` of the words after the negation, past verbs included: ``never
@@ -63,7 +64,7 @@ from memory.text import content_tokens, is_content, looks_like_code
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
            "same_key", "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED"]
 
-SUPERSEDE_VERSION = "rules-supersede-v7"   # v7: what reads as code (memory.text); no assistant fragment compared
+SUPERSEDE_VERSION = "rules-supersede-v8"   # v7: code lines, no assistant fragment; v8: a quoted name is no value
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -118,6 +119,8 @@ _NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s
                        r"not\s+ever|no\s+experience)\b", re.IGNORECASE)
 _NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
 _CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
+#: a quoted span: double quotes, curly quotes, or single quotes not inside a word ("user's")
+_QUOTED_RE = re.compile(r"\"[^\"\n]*\"|“[^”\n]*”|‘[^’\n]*’|(?<!\w)'[^'\n]*'(?!\w)")
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
 #: a rate's period right after its unit ("words/day", "hours per week", "calls a day")
 _PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|year|hour|minute|session)s?\b",
@@ -316,7 +319,8 @@ def _same_unit(a: Quantity, b: Quantity) -> bool:
 
 
 def _caps(text: str) -> set[str]:
-    return {m.group(1) for m in _CAP_RE.finditer(text) if len(m.group(1)) > 1}
+    """The capitalized names of a text, outside quotes (an error message, a title: "Rate limit exceeded")."""
+    return {m.group(1) for m in _CAP_RE.finditer(_QUOTED_RE.sub(" ", text)) if len(m.group(1)) > 1}
 
 
 def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> bool:
