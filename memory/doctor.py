@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.compute as pc
 from lancedb.expr import col
 
 from memory import schemas
@@ -104,8 +103,7 @@ def unstored_terms(store: Store, tables: list[str] | None = None) -> dict[str, i
     out: dict[str, int] = {}
     for name in _tables(store, tables):
         if name in schemas.MEMORY_TABLES.values():
-            n = store.read(name, columns=[schemas.TERMS]).column(schemas.TERMS).null_count
-            if n:
+            if n := store.table(name).count_rows(f"{schemas.TERMS} IS NULL"):
                 out[name] = n
     return out
 
@@ -115,19 +113,20 @@ TERMS_BATCH = 10_000
 
 
 def store_terms(store: Store, tables: list[str] | None = None) -> dict[str, int]:
-    """Rewrite the rows without stored BM25 terms (the store adds them on write), under the writer
-    lease so no other write comes between a read and its rewrite; {table: rows rewritten}."""
+    """Rewrite the rows without stored BM25 terms (the store adds them on write), a batch at a time,
+    each read and rewritten under the writer lease so no other write comes in between; {table: rows}."""
     done: dict[str, int] = {}
     for name in _tables(store, tables):
-        if name not in schemas.MEMORY_TABLES.values():
-            continue
-        with store.write_lease():
-            t = store.read(name, columns=["id", schemas.TERMS])
-            ids = pc.filter(t.column("id"), pc.is_null(t.column(schemas.TERMS))).to_pylist()
-            for start in range(0, len(ids), TERMS_BATCH):
-                store.upsert(name, store.read_ids(name, ids[start:start + TERMS_BATCH]))
-        if ids:
-            done[name] = len(ids)
+        while name in schemas.MEMORY_TABLES.values():
+            with store.write_lease():
+                tbl = store.table(name)
+                tbl.checkout_latest()
+                rows = tbl.search().where(f"{schemas.TERMS} IS NULL").limit(TERMS_BATCH).to_arrow()
+                if rows.num_rows:
+                    store.upsert(name, rows)
+            if not rows.num_rows:
+                break
+            done[name] = done.get(name, 0) + rows.num_rows
     return done
 
 

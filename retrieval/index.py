@@ -78,8 +78,6 @@ class UserIndex:
     versions: tuple[int, ...] = ()
     #: table -> digest of the user's row addresses there, for every table read so far
     digests: dict[str, bytes] = field(default_factory=dict)
-    #: the rows' stored BM25 terms (`schemas.TERMS`), kept until the BM25 index is built from them
-    terms: pa.Array | None = None
     _lexical: BM25Index | None = None
     _extra: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)   # a memo may build from another memo
@@ -89,11 +87,11 @@ class UserIndex:
         return int(self.z.shape[0])
 
     def lexical(self, k1: float, b: float) -> BM25Index:
-        """The BM25 index of the rows' texts, built on first use."""
+        """The BM25 index of the rows' texts: built with the index from the stored terms when the cache
+        has a lexical channel, else (no lexical weight) tokenized here on first use."""
         with self._lock:
             if self._lexical is None:
-                self._lexical = BM25Index(self.meta.column("text"), k1=k1, b=b, terms=self.terms)
-                self.terms = None
+                self._lexical = BM25Index(self.meta.column("text"), k1=k1, b=b)
             return self._lexical
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
@@ -211,7 +209,8 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
     kinds_tables = list(schemas.MEMORY_TABLES.items())
     def columns(kind: str) -> list[str]:
         extra = VALIDITY_COLUMNS if kind == "fragment" else []
-        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", schemas.TERMS, ADDR]
+        terms = [schemas.TERMS] if lexical else []     # read only to build BM25 now
+        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", ADDR] + terms
     reads = [_POOL.submit(_read, store, table, user_id, at.get(table), columns(kind)) for kind, table in kinds_tables]
     validity: pa.Table | None = None
     metas, tables, digests, terms = [], [], {}, []
@@ -232,18 +231,18 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
             continue
         metas.append(_message_meta(t) if kind == "message" else _memory_meta(t, kind))
         tables.append(t)
-        terms.append(t.column(schemas.TERMS).combine_chunks() if schemas.TERMS in t.column_names
-                     else pa.nulls(t.num_rows, schemas.STR_LIST))
+        if lexical:             # an older mnemo's table version has no terms: tokenized then
+            terms.append(t.column(schemas.TERMS).combine_chunks() if schemas.TERMS in t.column_names
+                         else pa.nulls(t.num_rows, schemas.STR_LIST))
     meta = pa.concat_tables(metas).combine_chunks() if metas else META.empty_table()
-    stored = pa.concat_arrays(terms) if terms else None
-    future = _build_lexical(meta, stored, lexical) if lexical and stored is not None else None
+    future = _build_lexical(meta, pa.concat_arrays(terms), lexical) if lexical and terms else None
     vecs = [_vectors(t.column("vector"), store.dim) for t in tables]
     z = np.concatenate(vecs) if vecs else np.zeros((0, store.dim), dtype=np.float32)
     names = [m.column("kind")[0].as_py() for m in metas]
     kinds = np.repeat(np.asarray(names, dtype=str), [m.num_rows for m in metas]) if metas \
         else np.zeros(0, dtype=str)
     idx = UserIndex(user_id=user_id, z=z, meta=meta, kinds=kinds, messages=messages, store=store,
-                    versions=tuple(versions), digests=digests, terms=None if future else stored)
+                    versions=tuple(versions), digests=digests)
     if validity is not None:
         valid: pa.Table = validity
         idx.memo(FRAGMENT_VALIDITY, lambda: valid)
@@ -309,7 +308,10 @@ class IndexCache:
         self._lock = threading.Lock()              # the dict, the snapshot
         self._check_lock = threading.Lock()        # one thread reads the versions at a time
         self._building: dict[str, list[Any]] = {}  # user -> [lock, waiters]: one build per user
-        self.check()          # opens the tables now, not in the first query (a fifth of a cold one)
+        try:                  # open the tables now, not in the first query (a sixth of a cold one)
+            self.versions()   # the first query still reads the versions afresh
+        except StoreError as exc:
+            log.warning("could not open the store's tables yet (%s): the first query will", exc)
 
     def versions(self) -> tuple[int, ...]:
         """Version of every tracked table (0 when missing) to pin: the latest, but never half of a

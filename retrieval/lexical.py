@@ -38,7 +38,8 @@ def _term_hashes(texts: pa.Array, stored: pa.Array | None) -> tuple[pl.DataFrame
         frame, todo = token_frame(texts), len(texts)
     else:
         missing = pc.is_null(stored).to_numpy(zero_copy_only=False)
-        frame = pl.DataFrame({"doc": pl.Series(pc.list_parent_indices(stored).to_numpy(), dtype=pl.UInt32),
+        lengths = pc.fill_null(pc.list_value_length(stored), 0).to_numpy(zero_copy_only=False)
+        frame = pl.DataFrame({"doc": np.repeat(np.arange(len(stored), dtype=np.uint32), lengths),
                               "tok": pl.Series(pc.list_flatten(stored), dtype=pl.Utf8)})
         rows = np.flatnonzero(missing)
         if rows.size:

@@ -109,6 +109,9 @@ def test_a_quoted_name_is_a_quotation_not_a_new_value() -> None:
     kong = {"subject": "user", "key": "rate limits", "content": "user's client now uses Kong to handle the "
             "user's rate limits", "source_ids": ["m4"]}
     assert decide(kong, nginx, 0.8) == "update"                    # an apostrophe opens no quote
+    for name in ('"Kong"', "'Kong'", "“Kong”"):                     # a quoted lone name is still a name
+        quoted = {**kong, "content": f"user's client now uses {name} to handle the rate limits"}
+        assert decide(quoted, nginx, 0.8) == "update", name
 
 
 def _turn(mid: str, day: int, text: str, vec: Any, speaker: str = "Dana") -> dict[str, Any]:

@@ -53,8 +53,9 @@ def test_a_written_row_carries_its_terms_and_the_index_reads_them(tmp_path: Path
     assert frags and all(f[schemas.TERMS] == tokenize(f["text"]) for f in frags)
     idx = load_user(st, "alice", lexical=(1.2, 0.75))
     assert idx.lexical(1.2, 0.75).tokenized == 0 and idx.size == len(msgs) + len(frags) + 1
-    lazy = load_user(st, "alice")                          # the BM25 index built on first use reads them too
-    assert lazy.lexical(1.2, 0.75).tokenized == 0 and lazy.terms is None
+    lazy = load_user(st, "alice")                          # no lexical channel: terms not read, nor kept
+    assert lazy.lexical(1.2, 0.75).tokenized == idx.size
+    assert np.array_equal(lazy.lexical(1.2, 0.75).scores("hiking Alps"), idx.lexical(1.2, 0.75).scores("hiking Alps"))
 
 
 def test_a_store_an_older_mnemo_wrote_is_tokenized_with_the_same_scores(tmp_path: Path,

@@ -119,8 +119,7 @@ _NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s
                        r"not\s+ever|no\s+experience)\b", re.IGNORECASE)
 _NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
 _CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
-#: a quoted span: double quotes, curly quotes, or single quotes not inside a word ("user's")
-_QUOTED_RE = re.compile(r"\"[^\"\n]*\"|“[^”\n]*”|‘[^’\n]*’|(?<!\w)'[^'\n]*'(?!\w)")
+_QUOTED_RE = re.compile(r"\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”|‘[^’\n]{1,80}’|(?<!\w)'\S[^'\n]{0,78}\S'(?!\w)")
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
 #: a rate's period right after its unit ("words/day", "hours per week", "calls a day")
 _PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|year|hour|minute|session)s?\b",
@@ -319,8 +318,9 @@ def _same_unit(a: Quantity, b: Quantity) -> bool:
 
 
 def _caps(text: str) -> set[str]:
-    """The capitalized names of a text, outside quotes (an error message, a title: "Rate limit exceeded")."""
-    return {m.group(1) for m in _CAP_RE.finditer(_QUOTED_RE.sub(" ", text)) if len(m.group(1)) > 1}
+    """Capitalized names outside quoted phrases ("Rate limit exceeded"; a lone "Kong" counts, "user's" opens none)."""
+    return {m.group(1) for m in _CAP_RE.finditer(_QUOTED_RE.sub(lambda q: " " if " " in q.group(0) else q.group(0),
+                                                                text)) if len(m.group(1)) > 1}
 
 
 def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> bool:
