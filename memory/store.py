@@ -308,16 +308,23 @@ class Store:
         version: int | None = None,
     ) -> pa.Table:
         """Rows of one table, scoped to one user when `user_id` is given; as they were at table
-        version `version` when given (0: the table did not exist then), else at the latest.
-        `columns` may name the virtual `_rowaddr` / `_rowid`."""
+        version `version` when given (0: the table did not exist then), else at the latest; a column
+        added since that version (an older mnemo wrote it) is read as nulls. `columns` may name the
+        virtual `_rowaddr` / `_rowid`."""
         if version == 0 or not self.has_table(name):
             return self._empty(name, columns)
         if version is None:
             tbl = self.table(name)
             if self._refresh:
                 tbl.checkout_latest()
-        else:
+        else:   # the latest has every column (added on open); an older version may not
             tbl = self.at_version(name, version)
+            have = set(tbl.schema.names) | set(VIRTUAL_COLUMNS) if columns else set()
+            if absent := [c for c in columns or () if c not in have]:
+                t = self.read(name, user_id, columns=[c for c in columns or () if c in have], where=where,
+                              version=version)
+                nulls = {c: pa.nulls(t.num_rows, schemas.schema_for(name, self.dim).field(c).type) for c in absent}
+                return pa.table({c: nulls[c] if c in nulls else t.column(c) for c in columns or ()})
         cond = user_filter(user_id) if user_id is not None else None
         if where is not None:
             cond = where if cond is None else (cond & where)
@@ -335,13 +342,6 @@ class Store:
                 self._pinned.pop((name, int(version)), None)
             raise VersionGoneError(f"cannot read table {name!r} at version {version}: {exc}", table=name,
                                    version=version) from exc
-
-    def columns(self, name: str, version: int | None = None) -> list[str]:
-        """The columns of table `name` (at `version`: an older mnemo's may lack newer columns)."""
-        if version == 0 or not self.has_table(name):
-            return list(schemas.schema_for(name, self.dim).names)
-        tbl = self.table(name) if version is None else self.at_version(name, version)
-        return list(tbl.schema.names)
 
     def _empty(self, name: str, columns: list[str] | None) -> pa.Table:
         schema = schemas.schema_for(name, self.dim)

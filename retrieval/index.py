@@ -209,9 +209,10 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
     kinds_tables = list(schemas.MEMORY_TABLES.items())
     def columns(kind: str) -> list[str]:
         extra = VALIDITY_COLUMNS if kind == "fragment" else []
-        terms = [schemas.TERMS] if lexical else []     # read only to build BM25 now
-        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", ADDR] + terms
-    reads = [_POOL.submit(_read, store, table, user_id, at.get(table), columns(kind)) for kind, table in kinds_tables]
+        stored = [schemas.TERMS] if lexical else []     # read only to build BM25 now
+        return _META_COLS["message" if kind == "message" else "memory"] + extra + ["vector", ADDR] + stored
+    reads = [_POOL.submit(store.read, table, user_id, version=at.get(table), columns=columns(kind))
+             for kind, table in kinds_tables]
     validity: pa.Table | None = None
     metas, tables, digests, terms = [], [], {}, []
     messages = pa.table({"message_id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
@@ -231,9 +232,8 @@ def load_user(store: Store, user_id: str, *, lexical: tuple[float, float] | None
             continue
         metas.append(_message_meta(t) if kind == "message" else _memory_meta(t, kind))
         tables.append(t)
-        if lexical:             # an older mnemo's table version has no terms: tokenized then
-            terms.append(t.column(schemas.TERMS).combine_chunks() if schemas.TERMS in t.column_names
-                         else pa.nulls(t.num_rows, schemas.STR_LIST))
+        if lexical:             # null where an older mnemo wrote the row: tokenized then
+            terms.append(t.column(schemas.TERMS).combine_chunks())
     meta = pa.concat_tables(metas).combine_chunks() if metas else META.empty_table()
     future = _build_lexical(meta, pa.concat_arrays(terms), lexical) if lexical and terms else None
     vecs = [_vectors(t.column("vector"), store.dim) for t in tables]
@@ -271,14 +271,6 @@ def unchanged(store: Store, index: UserIndex, versions: tuple[int, ...]) -> bool
     return True
 
 
-
-
-def _read(store: Store, table: str, user_id: str, version: int | None, columns: list[str]) -> pa.Table:
-    """One table's rows of the user for the index; a table an older mnemo wrote at that version may
-    have no stored BM25 terms (they are then tokenized from the text)."""
-    if schemas.TERMS in columns and schemas.TERMS not in store.columns(table, version):
-        columns = [c for c in columns if c != schemas.TERMS]
-    return store.read(table, user_id, version=version, columns=columns)
 
 
 def _build_lexical(meta: pa.Table, terms: pa.Array, params: tuple[float, float]) -> Future[BM25Index]:

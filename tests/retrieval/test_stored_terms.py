@@ -72,7 +72,12 @@ def test_a_store_an_older_mnemo_wrote_is_tokenized_with_the_same_scores(tmp_path
     old = Store(str(tmp_path / "old"), dim=embedder.dim)
     pinned = load_user(old, "alice", lexical=(1.2, 0.75), versions=before)   # versions without the column
     latest = load_user(old, "alice", lexical=(1.2, 0.75))                    # the column added on open: nulls
-    assert schemas.TERMS in old.columns("fragments") and schemas.TERMS not in old.columns("fragments", before[1])
+    raw = db.open_table("fragments")
+    assert schemas.TERMS in raw.schema.names                               # added on open, as nulls
+    raw.checkout(before[1])
+    assert schemas.TERMS not in raw.schema.names                           # the pinned version has none
+    assert old.read("fragments", "alice", columns=["id", schemas.TERMS], version=before[1]) \
+        .column(schemas.TERMS).null_count == len(ALICE)                    # read as nulls
     want = load_user(new, "alice", lexical=(1.2, 0.75))
     n = want.size
     assert pinned.lexical(1.2, 0.75).tokenized == latest.lexical(1.2, 0.75).tokenized == n
