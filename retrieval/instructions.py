@@ -197,8 +197,12 @@ def replaced_instructions(index: UserIndex, assistants: tuple[str, ...]) -> froz
         if rows.size == 0 or not v.replaced_in:
             return frozenset()
         row_of, mine, memory_id = index.row_of_id(), set(ids), index.meta.column("id")
-        return frozenset(
-            m for m in ids
-            if any(f in row_of and (set(index.source_ids(row_of[f])) & mine) - {m} for f in v.replaced_in.get(m, []))
-            and all(memory_id[r].as_py() in v.superseded_by for r in v.by_message.get(m, [])))
+
+        def by_another(m: str) -> bool:      # closed by a memory citing another instruction turn
+            return any(f in row_of and (set(index.source_ids(row_of[f])) & mine) - {m}
+                       for f in v.replaced_in.get(m, []))
+
+        def none_current(m: str) -> bool:    # every fragment citing the turn was closed
+            return all(memory_id[r].as_py() in v.superseded_by for r in v.by_message.get(m, []))
+        return frozenset(m for m in ids if by_another(m) and none_current(m))
     return index.memo("instructions-replaced:" + ",".join(sorted(assistants)), build)

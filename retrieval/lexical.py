@@ -53,9 +53,10 @@ class BM25Index:
 
     Terms are identified by their Polars 64-bit hash (fixed seed), so building needs no string
     group-by or vocabulary join. They are the rows' stored `terms` where given (`schemas.TERMS`),
-    else their texts tokenized in parts of about equal length on Polars' threads; the term matrix (CSC, one column of weights per distinct hash) is then built on a
-    background thread, and until it is ready a query is scored from the tokens themselves (the
-    first query of a cold index does not wait for it). Both paths compute the same float32 weights
+    else their texts tokenized in parts of about equal length on Polars' threads. The term matrix
+    (CSC, one column of weights per distinct hash) is then built on a background thread, and until
+    it is ready a query is scored from the hashed terms themselves (the first query of a cold index
+    does not wait for it). Both paths compute the same float32 weights
     and add them up term by term in hash order, so they give bit-identical scores.
     """
 
