@@ -139,6 +139,7 @@ class DoctorReport:
     removed: dict[str, int] = field(default_factory=dict)
     unstored: dict[str, int] = field(default_factory=dict)      # rows without stored BM25 terms
     terms_stored: dict[str, int] = field(default_factory=dict)  # of those, rewritten with them (fix)
+    compacted: list[str] = field(default_factory=list)          # tables the fix rewrote, then compacted
 
     @property
     def ok(self) -> bool:
@@ -166,20 +167,26 @@ class DoctorReport:
             done = f"; stored them for {self.terms_stored[name]}" if name in self.terms_stored else \
                 " (a user's first query tokenizes them; `mnemo doctor --fix` stores them)"
             out.append(f"{name}: {n} rows without stored BM25 terms{done}")
+        if self.compacted:
+            out.append(f"compacted {', '.join(self.compacted)}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"duplicates": self.duplicates, "missing_sources": self.missing, "removed": self.removed,
-                "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "ok": self.ok}
+                "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "compacted": self.compacted, "ok": self.ok}
 
 
-def check(store: Store, *, fix: bool = False) -> DoctorReport:
+def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None = None) -> DoctorReport:
     """Every check on the store; with `fix`, duplicates removed and missing BM25 terms stored (missing
-    sources are only reported). Rows without stored terms are not a problem (`ok`): they are slower."""
+    sources are only reported), then the tables it rewrote compacted (a rewrite leaves deletion files
+    and new fragments that every read pays for), deleting versions older than `cleanup_older_than_s`.
+    Rows without stored terms are not a problem (`ok`): they are slower."""
     report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store),
                           unstored=unstored_terms(store))
     if fix and report.duplicates:
         report.removed = remove_duplicates(store, list(report.duplicates))
     if fix and report.unstored:
         report.terms_stored = store_terms(store, list(report.unstored))
+    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored)):
+        report.compacted = store.optimize(changed, cleanup_older_than_s=cleanup_older_than_s)
     return report

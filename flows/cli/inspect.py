@@ -72,7 +72,8 @@ def graph(
 def doctor(
     ctx: typer.Context,
     fix: bool = typer.Option(False, "--fix", help="remove duplicate rows, keeping one copy of each id, and "
-                             "store the BM25 terms of rows an older mnemo wrote"),
+                             "store the BM25 terms of rows an older mnemo wrote, then compact the tables "
+                             "it rewrote"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
     """Report duplicate ids per table, rows whose source messages are missing, and rows without stored
@@ -80,7 +81,8 @@ def doctor(
     from memory.doctor import check
     from memory.runs import open_store
 
-    report = check(open_store(settings_of(ctx)), fix=fix)
+    settings = settings_of(ctx)
+    report = check(open_store(settings), fix=fix, cleanup_older_than_s=settings.cleanup_older_than_s)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:

@@ -102,7 +102,10 @@ def test_rows_without_stored_terms_are_reported_and_stored_by_fix(sample_store: 
     assert f"messages: {want['messages'].num_rows} rows without stored BM25 terms" in res.output
     res = doctor(sample_store, "--fix", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["terms_stored"] == {name: t.num_rows for name, t in want.items()}
+    report = json.loads(res.output)
+    assert report["terms_stored"] == {name: t.num_rows for name, t in want.items()}
+    assert report["compacted"] == sorted(want)
     assert unstored_terms(sample_store) == {}
+    assert all(sample_store.data_files()[name][0] == 1 for name in want)   # the rewrite's files merged
     for name, before in want.items():
         assert sample_store.read(name).sort_by("id").equals(before), name   # terms, vectors, all
