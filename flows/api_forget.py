@@ -2,8 +2,10 @@
 of its sessions / messages / messages before a time, and everything derived from them
 (`memory.forget`). Same auth as every route (`retrieval.guard`). Answers 200 with the report (counts
 per table, LLM calls, bytes reclaimed; forgetting what does not exist reports zero), 409 while a
-consolidation holds the store's run lease (after `run_lease_wait_s`), 422 for a bad body or user id.
-The retriever's per-user index rebuilds on its next request: the forget moved the user's rows.
+consolidation holds the store's run lease (after `run_lease_wait_s`), 422 for a bad body or user id:
+a field it does not know (a misspelled `sessions` must not read as "nothing named", which is the
+whole user), or a POST naming nothing (the whole user is `DELETE`). The service's index of the user
+is dropped at once, so the forgotten texts leave its memory too.
 """
 from __future__ import annotations
 
@@ -11,14 +13,17 @@ from datetime import datetime
 from typing import Any, Optional
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from memory.errors import ConfigError
 from memory.forget import forget
 from memory.settings import Settings
 from retrieval.retriever import Retriever
 
 
 class ForgetRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     sessions: list[str] = Field(default_factory=list, description="session ids to forget")
     messages: list[str] = Field(default_factory=list, description="message ids to forget")
     before: Optional[datetime] = Field(None, description="forget the messages before this time (ISO 8601 "
@@ -37,11 +42,19 @@ def register(app: FastAPI, retriever: Retriever, settings: Settings | None = Non
     @app.delete("/v1/users/{user_id}")
     def forget_user(user_id: str) -> dict[str, Any]:
         """Forget the whole user: every message and everything derived from it."""
-        return forget(retriever.store, full(), user_id).to_dict()
+        try:
+            return forget(retriever.store, full(), user_id).to_dict()
+        finally:
+            retriever.cache.evict(user_id)
 
     @app.post("/v1/users/{user_id}/forget")
     def forget_some(user_id: str, body: ForgetRequest) -> dict[str, Any]:
-        """Forget some of the user's sessions / messages / messages before a time (all of the user when
-        the body names nothing)."""
-        return forget(retriever.store, full(), user_id, sessions=body.sessions, messages=body.messages,
-                      before=body.before, keep_versions=body.keep_versions).to_dict()
+        """Forget some of the user's sessions / messages / messages before a time."""
+        if not (body.sessions or body.messages or body.before is not None):
+            raise ConfigError("the body names no sessions, messages or time (`before`); to forget the "
+                              f"whole user send DELETE /v1/users/{user_id}")
+        try:
+            return forget(retriever.store, full(), user_id, sessions=body.sessions, messages=body.messages,
+                          before=body.before, keep_versions=body.keep_versions).to_dict()
+        finally:
+            retriever.cache.evict(user_id)

@@ -28,6 +28,7 @@ from lancedb.expr import col
 from memory.embed import Embedder
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
+from memory.ingest.common import has_surrogate
 from memory.stages.load import EPOCH, add_sessions, read_progress
 from memory.stages.shard import Cluster, ShardState, active, frame
 from memory.store import Store
@@ -45,6 +46,8 @@ class Scope:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_id", validate_user_id(self.user_id))
+        if bad := [i for i in self.sessions + self.messages if "\x00" in i or has_surrogate(i)]:
+            raise ConfigError(f"no stored id holds a NUL or an unpaired surrogate, as {ascii(bad[0])} does")
         if self.before is not None and self.before.tzinfo is None:
             raise ConfigError(f"--before {self.before.isoformat()} needs a time zone (e.g. 2024-03-01T00:00:00Z)")
 

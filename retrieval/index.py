@@ -384,6 +384,17 @@ class IndexCache:
                 if entry[1] == 0:
                     del self._building[user_id]
 
+    def cached(self) -> list[str]:
+        """The users whose index is held, least recently used first."""
+        with self._lock:
+            return list(self._users)
+
+    def evict(self, user_id: str) -> None:
+        """Drop the user's index (after a forget in this process: its texts leave memory now, not
+        on the user's next request)."""
+        with self._lock:
+            self._users.pop(user_id, None)
+
     def clear(self) -> None:
         with self._lock:
             self._users.clear()

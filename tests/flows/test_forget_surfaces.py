@@ -39,6 +39,8 @@ def test_cli_forgets_a_session_and_reports(sample_store: Store) -> None:
     assert kept.exit_code == 0 and "old versions kept" in kept.output, kept.output
     bad = invoke("--store", sample_store.uri, "forget", "alice", "--before", "yesterday")
     assert bad.exit_code == 2 and "ISO 8601" in bad.output
+    bad = invoke("--store", sample_store.uri, "forget", "alice", "--session", "s\udcff")
+    assert bad.exit_code == 2 and "surrogate" in bad.output, bad.output
 
 
 def test_cli_exits_75_while_a_consolidation_runs(sample_store: Store) -> None:
@@ -64,9 +66,15 @@ def test_http_forget_routes(sample_store: Store, embedder: Embedder,
         res = c.post("/v1/users/alice/forget", json={"sessions": ["alice-s1"]})
         assert res.status_code == 200, res.text
         assert res.json()["messages"] > 0
+        assert "alice" not in r.cache.cached()          # the forgotten texts left the service's memory
         after = c.post("/v1/users/alice/retrieve", json=query).json()["items"]
         assert after and not any(s.startswith("alice-s1-") for it in after for s in it["source_ids"] or [])
         assert c.post("/v1/users/alice/forget", json={"before": "not a date"}).status_code == 422
+        kept = sample_store.read("messages", "alice").num_rows
+        for body in ({"session": ["alice-s2"]}, {}, {"sessions": ["s\udcff"]}):   # a typo, nothing, no id
+            refused = c.post("/v1/users/alice/forget", content=json.dumps(body), headers={"Content-Type": "application/json"})
+            assert refused.status_code == 422, (body, refused.text)
+        assert sample_store.read("messages", "alice").num_rows == kept   # never read as "the whole user"
         gone = c.delete("/v1/users/bob")
         assert gone.status_code == 200 and gone.json()["deleted"]["messages"] > 0
         assert c.post("/v1/users/bob/retrieve", json=query).json()["items"] == []
