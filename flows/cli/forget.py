@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.context import settings_of
+from flows.cli.context import existing_store, settings_of
 from memory.errors import ConfigError
 
 
@@ -39,7 +39,7 @@ def forget(
     from memory.forget import forget as do_forget
     from memory.runs import open_store
 
-    settings = settings_of(ctx)
+    settings = existing_store(settings_of(ctx))   # a mistyped --store must not report '0 forgotten'
     report = do_forget(open_store(settings), settings, user, sessions=session or [], messages=message or [],
                        before=parse_when(before), keep_versions=keep_versions)
     typer.echo(json.dumps(report.to_dict(), indent=2, default=str) if as_json else report.summary())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from flows.cli.context import settings_of
+from flows.cli.context import existing_store, settings_of
 
 
 def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="machine-readable counts")) -> None:
@@ -16,7 +16,7 @@ def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     from memory.read import stats as store_stats
     from memory.runs import open_store
 
-    settings = settings_of(ctx)
+    settings = existing_store(settings_of(ctx))
     data = store_stats(open_store(settings))
     if as_json:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -39,7 +39,8 @@ def profile(ctx: typer.Context, user: str = typer.Argument(..., help="user id"))
     from memory.read import read_profile
     from memory.runs import open_store
 
-    prof, phases = read_profile(open_store(settings_of(ctx)), validate_user_id(user))
+    user = validate_user_id(user)
+    prof, phases = read_profile(open_store(existing_store(settings_of(ctx))), user)
     if prof is None and not phases:
         typer.echo(f"no profile for user {user!r}: consolidate its sessions first")
         raise typer.Exit(1)
@@ -62,7 +63,8 @@ def graph(
     from memory.runs import open_store
 
     Path(html).parent.mkdir(parents=True, exist_ok=True)
-    drawn = write_html(open_store(settings_of(ctx)), validate_user_id(user), html)
+    user = validate_user_id(user)
+    drawn = write_html(open_store(existing_store(settings_of(ctx))), user, html)
     if drawn["nodes"] == 0:
         typer.echo(f"user {user!r} has no graph yet: consolidate its sessions first", err=True)
     typer.echo(f"wrote {html}: {drawn['nodes']} nodes, {drawn['edges']} temporal edges, "
@@ -81,7 +83,7 @@ def doctor(
     from memory.doctor import check
     from memory.runs import open_store
 
-    settings = settings_of(ctx)
+    settings = existing_store(settings_of(ctx))
     report = check(open_store(settings), fix=fix, cleanup_older_than_s=settings.cleanup_older_than_s)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))

@@ -64,6 +64,10 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("consolidate", "--dask-local", "-1"), "invalid value for setting dask_local (MNEMO_DASK_LOCAL)"),
     (("train-reranker", "--scope", "bogus"), "unknown reranker scope 'bogus'"),
     (("consolidate",), "no store at {tmp}/store: `mnemo ingest` or `mnemo backfill` makes one"),
+    (("forget", "alice"), "no store at {tmp}/store"),       # an erasure on a mistyped path is no success
+    (("doctor",), "no store at {tmp}/store"),
+    (("stats",), "no store at {tmp}/store"),
+    (("profile", "alice"), "no store at {tmp}/store"),
 ])
 def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
@@ -71,7 +75,7 @@ def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, 
     assert isinstance(out.exception, SystemExit)
     assert out.stderr.startswith("error: ") and message.format(tmp=tmp_path) in out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
-    if args[0] in ("consolidate", "ingest"):
+    if args[0] in ("consolidate", "ingest", "forget", "doctor", "stats", "profile"):
         assert not (tmp_path / "store").exists()             # nothing made for a mistyped store or archive
 
 
@@ -182,8 +186,8 @@ def test_backfill_hands_its_archive_and_settings_to_the_flow(
 
 def test_commands_use_the_store_the_environment_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     env_store = str(tmp_path / "env-store")
-    empty = invoke("--store", env_store, "stats", "--json")
-    assert empty.exit_code == 0 and empty.stdout == '{\n  "users": {}\n}\n'
+    none = invoke("--store", env_store, "stats", "--json")
+    assert none.exit_code == 2 and "no store at" in none.stderr and not Path(env_store).exists()
     monkeypatch.setenv("MNEMO_STORE", env_store)
     ingested = invoke("ingest", str(SAMPLE), "--format", "jsonl")
     assert ingested.exit_code == 0, ingested.output
