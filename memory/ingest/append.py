@@ -107,7 +107,10 @@ def _message_id(turns: Sequence[Any], index: int | None) -> str | None:
     if index is None or not isinstance(turns[index], Mapping):
         return None
     value = turns[index].get("message_id")
-    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        return None
+    # escaped when it cannot be encoded (a lone surrogate): the report is JSON, and must still answer
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _read_turns(user_id: str, turns: Sequence[Any]) -> Reader:

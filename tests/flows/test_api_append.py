@@ -4,6 +4,8 @@ service's short write wait (in the append worker process and in the serving one)
 turns retrievable over HTTP after the next consolidation."""
 from __future__ import annotations
 
+import json
+
 from typing import Any, Callable, ContextManager, Iterator
 
 import time
@@ -53,6 +55,11 @@ def test_append_route(served: tuple[str, Store]) -> None:
                                         "reason": "unparsable timestamp: 'yesterday'"}]
         again = c.post("/v1/users/alice/messages", json=body).json()
         assert (again["added"], again["duplicates"]) == (0, 3)
+        lone = {"session_id": "x", "message_id": "m\ud800", "speaker": "z", "text": "t", "timestamp": "2024-01-01T00:00:00Z"}
+        odd = c.post("/v1/users/alice/messages", content=json.dumps({"messages": [lone]}),
+                     headers={"content-type": "application/json"})     # quarantined, and answered
+        assert odd.status_code == 200 and odd.json()["quarantined"] == [
+            {"index": 0, "message_id": "m\\ud800", "reason": "lone surrogate in message_id"}], odd.text
         clash = c.post("/v1/users/alice/messages", json={"messages": turns(1, text="other text {i}")}).json()
         assert clash["added"] == 0 and clash["quarantined"][0]["reason"] == REUSED_ID
         # its own body limit: ~40 KB is over the query routes' limit but fine here
