@@ -5,10 +5,8 @@ turns retrievable over HTTP after the next consolidation."""
 from __future__ import annotations
 
 import json
-
-from typing import Any, Callable, ContextManager, Iterator
-
 import time
+from typing import Any, Callable, ContextManager, Iterator
 
 import httpx
 import pytest
