@@ -77,7 +77,11 @@ def locomo_observations(path: Path, data: Any) -> Iterator[tuple[str, dict[str, 
         user = sample.get("sample_id")
         for key, by_speaker in sample["observation"].items():
             m = re.fullmatch(r"(session_\d+)_observation", key)
-            for speaker, items in (by_speaker.items() if isinstance(by_speaker, dict) else []):
+            if not isinstance(by_speaker, dict):
+                yield "bad", quarantine_row(user, f"{path.name}:{user}/{key}", "malformed observation: not a "
+                                            "mapping of speakers", dump_raw(by_speaker))
+                continue
+            for speaker, items in by_speaker.items():
                 for k, item in enumerate(items if isinstance(items, list) else []):
                     source, raw = f"{path.name}:{user}/{key}/{speaker}/{k}", dump_raw(item)
                     ok = (m and isinstance(item, (list, tuple)) and len(item) >= 2
@@ -102,6 +106,11 @@ def _read_longmemeval(path: Path, data: Any) -> Reader:
             continue
         dates = item.get("haystack_dates") or []
         ids = item.get("haystack_session_ids") or []
+        if bad := next((f for f, v in (("haystack_dates", dates), ("haystack_session_ids", ids))
+                        if not isinstance(v, list)), None):
+            yield "bad", quarantine_row(user, f"{path.name}:item {i}", f"invalid field: {bad} is not a list",
+                                        dump_raw(item))
+            continue
         for s, turns in enumerate(sessions):
             sid = str(ids[s]) if s < len(ids) else f"session_{s}"
             when = dates[s] if s < len(dates) else None

@@ -122,6 +122,7 @@ def test_locomo_small_file_quarantines_bad_observations_and_dates(tmp_path: Path
                         ["Ann has a boat.", "D7:7"]],
                 "Ben": [["Ben has a dog.", "D1:2"]],
             },
+            "session_2_observation": [["Ann said hi.", "D2:1"]],     # not a mapping of speakers
         },
     }
     path = tmp_path / "mini_locomo.json"
@@ -129,7 +130,8 @@ def test_locomo_small_file_quarantines_bad_observations_and_dates(tmp_path: Path
     report = ingest(store, path, "locomo", observations_as_fragments=True)
     assert report.messages_read == 4 and report.messages_added == 3 and report.observations == 3
     assert report.reasons == {"unparsable timestamp: 'sometime in the summer-ish?'": 1,
-                              "observation cites no message of its session": 1}
+                              "observation cites no message of its session": 1,
+                              "malformed observation: not a mapping of speakers": 1}
     msgs = {r["message_id"]: r for r in store.read("messages", "conv-x").to_pylist()}
     assert msgs["D1:2"]["text"] == "Look at mine. [shares an image: a photo of a dog]"
     assert msgs["D1:1"]["ts"] == datetime(2023, 6, 27, 10, 37, tzinfo=UTC)
@@ -156,13 +158,19 @@ def test_longmemeval(tmp_path: Path, store: Store) -> None:
          ]},
         {"question_id": "q2", "haystack_session_ids": ["sess_a"], "haystack_dates": ["2023/06/01 (Thu) 09:00"],
          "haystack_sessions": [[{"role": "user", "content": "I love jazz."}, {"role": "assistant"}]]},
+        {"question_id": "q3", "haystack_session_ids": 7, "haystack_dates": ["2023/06/01 (Thu) 09:00"],
+         "haystack_sessions": [[{"role": "user", "content": "lost"}]]},
+        {"question_id": "q4", "haystack_session_ids": ["s"], "haystack_dates": {"0": "2023/06/01 (Thu) 09:00"},
+         "haystack_sessions": [[{"role": "user", "content": "lost"}]]},
     ]
     path = tmp_path / "lme.json"
     path.write_text(json.dumps(items))
     report = ingest(store, path, "longmemeval")
     assert report.users == ["q1", "q2"] and report.sessions == 3
-    assert report.messages_read == 7 and report.messages_added == 6
-    assert report.reasons == {"missing field: content": 1}
+    assert report.messages_read == 9 and report.messages_added == 6   # an item quarantined counts as one read
+    assert report.reasons == {"missing field: content": 1,       # the malformed items quarantined, the rest in
+                              "invalid field: haystack_session_ids is not a list": 1,
+                              "invalid field: haystack_dates is not a list": 1}
     q1 = {r["message_id"]: r for r in store.read("messages", "q1").to_pylist()}
     assert set(q1) == {"sess_a:0", "sess_a:1", "sess_b:0", "sess_b:1", "sess_b:2"}
     assert q1["sess_a:1"]["speaker"] == "assistant" and q1["sess_b:2"]["seq"] == 2
