@@ -47,7 +47,8 @@ from lancedb.expr import col, lit
 
 from memory.embed import check_embedder, embedder_for
 from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, clear_pointers, feedback_ids, plan,
-                                 quarantine_ids, reranker_ids, rerun_state)
+                                 reranker_ids, rerun_state, settle_appends)
+from memory.forget_quarantine import quarantine_ids
 from memory.forget_purge import dir_bytes, purge
 from memory.ids import make_id
 from memory.lease import run_lease
@@ -261,6 +262,7 @@ def write(store: Store, p: Plan, dels: dict[str, set[str]], state: ShardState | 
     """Every write of one forget (the caller holds the write lease); returns the tables touched."""
     user = p.user_id
     dels = {k: set(v) for k, v in dels.items()}
+    report.messages += settle_appends(store, p, dels)
     if p.whole_user:   # the tables appends write, read again under the write lease: their rows since the plan go too
         for name in APPENDED_TABLES:
             if store.has_table(name):

@@ -83,7 +83,9 @@ class Plan:
     # what the scope named, found or not: a named message may live only in the quarantine
     named_messages: list[str] = field(default_factory=list)
     named_sessions: list[str] = field(default_factory=list)
+    before: datetime | None = None
     whole_user: bool = False
+    seen: set[str] = field(default_factory=set)   # row ids of the user's messages when planned
 
     @property
     def nothing_survives(self) -> bool:
@@ -172,21 +174,12 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
     sessions = frame(store.read("sessions", user))
     affected = set(chosen["session_id"].to_list()) if chosen.height else set()
     affected |= set(rec.get("sessions", []))
-    left = {k[0]: g for k, g in keep.group_by(["session_id"])} if keep.height else {}
     p = Plan(user_id=user, message_ids=sorted(f_ids), row_ids=sorted(_ids(chosen)), gone_sessions=[],
              cut_sessions={}, remaining=keep.height, named_messages=list(scope.messages),
-             named_sessions=list(scope.sessions), whole_user=scope.whole_user)
-    for s in sessions.iter_rows(named=True):
-        sid = s["session_id"]
-        if sid not in affected:
-            continue
-        if sid not in left:
-            p.gone_sessions.append(sid)
-            p.gone_session_rows.append(s["id"])
-        else:
-            g = left[sid].sort("seq")
-            p.cut_sessions[sid] = {**s, "n_messages": g.height,
-                                   "speakers": list(dict.fromkeys(g["speaker"].to_list()))}
+             named_sessions=list(scope.sessions), before=scope.before, whole_user=scope.whole_user,
+             seen=_ids(msgs))
+    emptied, p.cut_sessions = session_changes(list(sessions.iter_rows(named=True)), keep, affected)
+    p.gone_sessions, p.gone_session_rows = [sid for sid, _ in emptied], [rid for _, rid in emptied]
     wm = store.read("watermarks", user)
     if p.remaining == 0:   # every row of the user goes (`forget.deletions`): keep the ids read here
         p.rows.update(messages=msgs.select("id").to_dicts(), sessions=sessions.select("id").to_dicts(),
@@ -212,11 +205,56 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
         return p
     p.rollback = min(points)
     gone = set(p.gone_sessions)
-    p.rerun = [p.cut_sessions.get(s["session_id"], s) for s in sessions.sort(["ts", "session_id"]).iter_rows(named=True)
-               if p.rollback < s["ts"] <= last and s["session_id"] not in gone]
+    p.rerun = sorted((p.cut_sessions.get(s["session_id"], s) for s in sessions.iter_rows(named=True)
+                      if p.rollback < s["ts"] <= last and s["session_id"] not in gone),
+                     key=lambda s: (s["ts"], s["session_id"]))
     p.done_at_rollback = sum(1 for s in sessions.iter_rows(named=True)
                              if s["ts"] <= p.rollback and s["session_id"] not in gone)
     return p
+
+
+def session_changes(sessions: list[dict[str, Any]], keep: pl.DataFrame,
+                    affected: set[str]) -> tuple[list[tuple[str, str]], dict[str, dict[str, Any]]]:
+    """Of the `affected` sessions' rows: (session id, row id) of those left without a message, and the
+    others' rows remade from the messages they keep (`keep`, `MESSAGE_COLUMNS`): their count, speakers
+    and time, the earliest kept message's, as an ingest of them alone gives (a forgotten first
+    message's time must not stay)."""
+    left = {k[0]: g for k, g in keep.group_by(["session_id"])} if keep.height else {}
+    gone, cut = [], {}
+    for s in sessions:
+        sid = s["session_id"]
+        if sid in affected and sid not in left:
+            gone.append((sid, s["id"]))
+        elif sid in affected:
+            g = left[sid].sort("seq")
+            cut[sid] = {**s, "n_messages": g.height, "speakers": list(dict.fromkeys(g["speaker"].to_list())),
+                        "ts": g["ts"].min()}
+    return gone, cut
+
+
+def settle_appends(store: Store, p: Plan, dels: dict[str, set[str]]) -> int:
+    """Under the write lease, before a forget writes: turns appended since its plan (an append needs
+    only the write lease, which planning and re-deriving do not hold) that the scope names go too, and
+    the rows of the sessions they reached are remade from the messages stored now (a session the plan
+    emptied is kept when an append refilled it; a larger count makes the next run consolidate the new
+    turns). Returns how many more messages go."""
+    if p.whole_user:        # `forget.write` reads the appended tables again and deletes all
+        return 0
+    now = frame(store.read("messages", p.user_id, columns=MESSAGE_COLUMNS))
+    new = now.filter(~pl.col("id").is_in(sorted(p.seen))) if now.height else now
+    if new.height == 0:
+        return 0
+    scope = Scope(p.user_id, tuple(p.named_sessions), tuple(p.named_messages), p.before)
+    late = _ids(forgotten_messages(new, scope, p.message_ids))
+    keep = now.filter(~pl.col("id").is_in(sorted(set(p.row_ids) | late)))
+    affected = set(new["session_id"].to_list())
+    rows = store.read("sessions", p.user_id, where=col("session_id").isin(sorted(affected))).to_pylist()
+    gone, cut = session_changes(rows, keep, affected)
+    dels.setdefault("messages", set()).update(late)
+    dels["sessions"] = (dels.get("sessions", set()) - {r["id"] for r in cut.values()}) | {rid for _, rid in gone}
+    p.cut_sessions.update(cut)
+    p.remaining = keep.height
+    return len(late)
 
 
 def feedback_ids(store: Store, user: str, gone: set[str]) -> set[str]:
@@ -365,59 +403,3 @@ def clear_pointers(t: pa.Table, dead: set[str]) -> pa.Table:
                 i = t.column_names.index(c)
                 t = t.set_column(i, c, pc.if_else(hit, pa.nulls(t.num_rows, t.schema.field(c).type), t.column(c)))
     return t
-
-
-#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`)
-SESSION_TASKS = ("extract", "topics")
-
-
-def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]:
-    """Quarantine rows of the forgotten messages (ingest rows whose raw record or source names one, or a
-    session left empty; named in the scope, even if only the quarantine holds them) and of the LLM work
-    the re-derivation redoes (or that a deleted row came from)."""
-    if not store.has_table("quarantine"):
-        return set()
-    user = p.user_id
-    rows = store.read("quarantine", user, columns=["id", "stage", "source", "raw"]).to_pylist()
-    if p.nothing_survives:
-        return {r["id"] for r in rows}
-    gone_msgs = set(p.message_ids) | set(p.named_messages)
-    gone_sessions = set(p.gone_sessions) | set(p.named_sessions)
-    redone = {s["session_id"] for s in p.rerun} | gone_sessions
-    out = set()
-    for r in rows:
-        stage, source = r["stage"] or "", r["source"] or ""
-        if stage in SESSION_TASKS:
-            hit = source.split("/")[0] in redone
-        elif stage == "reason":
-            hit = source in dels.get("links", set())
-        elif stage in ("summarize", "profile"):
-            hit = p.rollback is not None
-        elif stage == "topic-merge":
-            hit = p.rollback is not None
-        else:
-            hit = _names_forgotten(r["raw"], gone_msgs, gone_sessions) or _source_names(source, user, gone_sessions)
-        if hit:
-            out.add(r["id"])
-    return out
-
-
-def _names_forgotten(raw: str | None, messages: set[str], sessions: set[str]) -> bool:
-    """Whether a quarantined archive record (JSON) names a forgotten message or session."""
-    try:
-        rec = json.loads(raw or "")
-    except ValueError:
-        return False
-    if not isinstance(rec, dict):
-        return False
-    ids = {str(rec.get(k)) for k in ("message_id", "dia_id", "id") if rec.get(k) is not None}
-    return bool(ids & messages) or str(rec.get("session_id")) in sessions
-
-
-def _source_names(source: str, user: str, sessions: set[str]) -> bool:
-    """Whether a quarantined turn's or session's `source` (`archive:user/session/turn` or
-    `archive:user/session`, as the LoCoMo and LongMemEval readers write them) names a forgotten
-    session: its raw record does not carry the id."""
-    at = source.find(f":{user}/")
-    rest = source[at + len(user) + 2:] if at >= 0 else ""
-    return bool(rest) and (rest in sessions or rest.rpartition("/")[0] in sessions)

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("memory", "retrieval", "evaluation", "flows")
 
 #: the modules of the memory layer that orchestrate stages (above memory core, beside memory.stages)
-ORCHESTRATION = ("memory.stages", "memory.pipeline", "memory.runs", "memory.forget", "memory.forget_plan")
+ORCHESTRATION = ("memory.stages", "memory.pipeline", "memory.runs", "memory.forget", "memory.forget_plan",
+                 "memory.forget_quarantine")
 #: what the online retriever may import from memory: reading, never building (`memory.terms`: the
 #: tokenizer the store's writes and the queries share)
 RETRIEVAL_MAY_IMPORT = ("memory.store", "memory.schemas", "memory.ids", "memory.errors", "memory.embed",

@@ -149,15 +149,16 @@ def _read_chat(chat: list[Any], user: str, label: str) -> Reader:
         batch_anchor = _given(batch.get("time_anchor"))
         for g, group in enumerate(turns):
             if not isinstance(group, list):
-                yield "bad", quarantine_row(user, f"{source}/group {g}", "invalid group: not a list of messages",
-                                            dump_raw(group))
+                yield "bad", quarantine_row(user, f"{label}:{user}/batch-{number}/group {g}",
+                                            "invalid group: not a list of messages", dump_raw(group))
                 continue
             for k, message in enumerate(group):
                 anchor = _given(message.get("time_anchor")) if isinstance(message, dict) else None
                 if anchor is None:
                     anchor = batch_anchor
                 batch_anchor = None  # the batch's anchor belongs to its first message only
-                slots.append((f"batch-{number}", f"{source}/group {g}/{k}", message, anchor))
+                # the source names the user and the session, so a forget of either finds a bad turn
+                slots.append((f"batch-{number}", f"{label}:{user}/batch-{number}/group {g}/{k}", message, anchor))
 
     anchors = [parse_anchor(anchor) for *_, anchor in slots]
     ts = next((t for t in anchors if t is not None), EPOCH)

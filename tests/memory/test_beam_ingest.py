@@ -106,7 +106,7 @@ def test_malformed_chats_and_messages_are_quarantined(tmp_path: Path, store: Sto
     q = {r["reason"]: r for r in store.read("quarantine").to_pylist()}
     assert q["invalid json"]["source"] == "100K/2/chat.json" and q["invalid json"]["raw"] == "[{not json"
     assert q["invalid json"]["user_id"] == "beam-100K-2"
-    assert q["missing field: id"]["source"] == "100K/4/chat.json:batch 0/group 0/2"
+    assert q["missing field: id"]["source"] == "100K/4/chat.json:beam-100K-4/batch-1/group 0/2"
     assert [r["text"] for r in store.read("messages", "beam-100K-1").to_pylist()] == ["hi", "hello"]
     kept = {r["message_id"]: r for r in store.read("messages", "beam-100K-4").to_pylist()}
     # a malformed message still takes its time step

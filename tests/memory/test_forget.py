@@ -4,6 +4,7 @@ crash-safe, refused during a run, and the LLM cache purged through its reverse i
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ SESSION_CANARY = "ZQXSESSION77"  # in a message of alice-s2, the session forgott
 BOB_CANARY = "ZQXBOBCANARY9"  # bob's: must survive every forget of alice
 
 
-def canary_archive(path: Path, drop_session: str | None = None) -> Path:
+def canary_archive(path: Path, drop_session: str | None = None, drop_message: str | None = None) -> Path:
     """The sample with the canaries planted (first-person, so the rules extract them); without
-    `drop_session`'s messages when given."""
+    `drop_session`'s messages, or the message `drop_message`, when given."""
     rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
     for r in rows:
         if r["message_id"] == "alice-s1-m03":
@@ -36,7 +37,7 @@ def canary_archive(path: Path, drop_session: str | None = None) -> Path:
             r["text"] += f" I named my cat {SESSION_CANARY} and I love her."
         if r["user_id"] == "bob" and r["speaker"] != "assistant" and BOB_CANARY not in json.dumps(rows):
             r["text"] += f" I call my bike {BOB_CANARY} and I love it."
-    rows = [r for r in rows if r["session_id"] != drop_session]
+    rows = [r for r in rows if r["session_id"] != drop_session and r["message_id"] != drop_message]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
@@ -126,6 +127,54 @@ def test_forget_session_equals_fresh_consolidation(canary_store: Path, tmp_path:
     wm = {r["user_id"]: r["last_session_ts"] for r in store.read("watermarks").to_pylist()}
     assert wm == {r["user_id"]: r["last_session_ts"] for r in ref.read("watermarks").to_pylist()}
     assert consolidate(store, s).counts.get("sessions", 0) == 0
+
+
+def test_forgetting_a_sessions_first_message_leaves_its_time_nowhere(canary_store: Path, tmp_path: Path) -> None:
+    """The session's time becomes its first kept message's, in the session row and every re-derived
+    row, exactly as a fresh consolidation of what remains gives."""
+    store, s, root = fresh(canary_store, tmp_path)
+    forget(store, s, "alice", messages=["alice-s2-m01"])
+    ref, _ = build(tmp_path / "ref", canary_archive(tmp_path / "rest.jsonl", drop_message="alice-s2-m01"))
+    for name, column in (("sessions", "ts"), ("fragments", "session_ts"), ("insights", "session_ts"),
+                         ("clusters", "session_ts"), ("graph_nodes", "session_ts")):
+        rows = [{(r["id"], r[column]) for r in st.read(name, columns=["id", column]).to_pylist()} for st in (store, ref)]
+        assert rows[0] == rows[1], name
+    assert consolidate(store, s).counts.get("sessions", 0) == 0
+
+
+def test_a_turn_appended_during_a_partial_forget_is_consolidated_after(canary_store: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append (write lease only) landing between a forget's plan and its writes: to a session the
+    forget cuts, the session row counts it and the next run consolidates it; to the session the forget
+    names, it is forgotten with the rest, never left without a session row."""
+    import memory.forget
+
+    rederive = memory.forget.rederive
+    late: list[dict[str, Any]] = []
+
+    def append_after(*args: Any) -> Any:      # the re-derivation read the user's turns before this one
+        state = rederive(*args)
+        append(open_store(s), "alice", late)
+        return state
+
+    monkeypatch.setattr(memory.forget, "rederive", append_after)
+    store, s, root = fresh(canary_store, tmp_path)
+    late[:] = [{"session_id": "alice-s2", "message_id": "alice-s2-m90", "speaker": "Alice",
+                "text": "I bought a capo yesterday.", "timestamp": "2024-03-16T23:00:00Z"}]
+    forget(store, s, "alice", messages=["alice-s2-m01"])
+    stored = store.read("messages", "alice", where=col("session_id") == lit("alice-s2")).num_rows
+    [row] = store.read("sessions", "alice", where=col("session_id") == lit("alice-s2")).to_pylist()
+    assert row["n_messages"] == stored
+    assert consolidate(store, s).counts.get("messages", 0) >= 1
+    [m] = store.read("messages", "alice", where=col("message_id") == lit("alice-s2-m90")).to_pylist()
+    assert m["vector"] is not None                                     # made memory by the next run
+
+    late[:] = [{"session_id": "alice-s3", "message_id": "alice-s3-m90", "speaker": "Alice",
+                "text": "My new PIN is LATECANARY66.", "timestamp": "2024-03-30T23:00:00Z"}]
+    forget(store, s, "alice", sessions=["alice-s3"])
+    assert store.read("messages", "alice", where=col("session_id") == lit("alice-s3")).num_rows == 0
+    assert store.read("sessions", "alice", where=col("session_id") == lit("alice-s3")).num_rows == 0
+    assert occurrences(root, "LATECANARY66") == 0
 
 
 def test_forget_user_keeps_other_users(canary_store: Path, tmp_path: Path, embedder: Any) -> None:
@@ -251,6 +300,34 @@ def test_quarantined_rows_of_forgotten_messages_and_sessions_go(canary_store: Pa
     ingest(store, carol, "jsonl")
     assert forget(store, s, "carol", messages=["c-m0"]).deleted["quarantine"] == 1
     assert store.read("quarantine", "carol").num_rows == 2
+
+
+def test_quarantined_rows_without_a_session_or_user_go_too(canary_store: Path, tmp_path: Path) -> None:
+    """Rows the quarantine could not file under the user (invalid JSON, bad encoding), a bad turn dated
+    before a `before` cut, and a BEAM turn (its source names user and session) are found and purged."""
+    store, s, root = fresh(canary_store, tmp_path)
+    lines = [b'{"user_id": "alice", "session_id": "alice-s1", "text": "NULLCANARY1", oops',
+             b'{"user_id": "alice", "session_id": "alice-s1", "text": "NULLCANARY2 caf\xe9"}',
+             json.dumps({"user_id": "alice", "session_id": "alice-s1", "message_id": "m\u0000",
+                         "speaker": "Alice", "text": "OLDCANARY3", "timestamp": "2024-03-01T00:00:00Z"}).encode(),
+             b'{"user_id": "bob", "text": "BOBNULL4", oops']
+    (tmp_path / "bad.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    ingest(store, tmp_path / "bad.jsonl", "jsonl")
+    assert all(occurrences(root, c) > 0 for c in ("NULLCANARY1", "OLDCANARY3", "BOBNULL4"))
+    forget(store, s, "alice", before=datetime(2024, 3, 2, tzinfo=timezone.utc))
+    assert occurrences(root, "OLDCANARY3") == 0 and occurrences(root, "NULLCANARY1") > 0
+    forget(store, s, "alice")
+    assert occurrences(root, "NULLCANARY1") == 0 and occurrences(root, "NULLCANARY2") == 0
+    assert occurrences(root, "BOBNULL4") > 0                            # another user's row stays
+
+    chat = tmp_path / "beam" / "100K" / "1" / "chat.json"
+    chat.parent.mkdir(parents=True)
+    chat.write_text(json.dumps([{"batch_number": 1, "time_anchor": "March-1-2024", "turns": [[
+        {"id": 0, "role": "user", "content": "hello"}, {"id": 1, "content": "BEAMCANARY5 has no role"}]]}]))
+    ingest(store, tmp_path / "beam", "beam")
+    assert occurrences(root, "BEAMCANARY5") > 0
+    assert forget(store, s, "beam-100K-1", sessions=["batch-1"]).deleted["quarantine"] == 1
+    assert occurrences(root, "BEAMCANARY5") == 0
 
 
 def test_forget_waits_for_a_running_consolidation(canary_store: Path, tmp_path: Path) -> None:
