@@ -14,6 +14,12 @@
   wrote, whose user's first query then tokenizes them); `store_terms` rewrites them, and the store
   works their terms out on the write.
 
+- `session_mismatches`: sessions whose row disagrees with their stored messages (a row counting fewer
+  or more turns, or no row: an append that raced a forget in an older mnemo); the next consolidation
+  reads a session's work from its row, so such turns are never made memory. `remake_sessions` writes
+  each such row again from the messages (count, speakers, first time), and the next run consolidates
+  what its progress has not covered.
+
 `check(store, fix=...)` runs them all; `mnemo doctor [--fix]` prints it.
 """
 from __future__ import annotations
@@ -22,9 +28,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
 from lancedb.expr import col
 
 from memory import schemas
+from memory.ingest.common import OBSERVATIONS_SCHEMA
+from memory.ingest.validate import sessions_frame
 from memory.store import Store
 
 #: the column naming the messages a memory row comes from
@@ -130,6 +139,45 @@ def store_terms(store: Store, tables: list[str] | None = None) -> dict[str, int]
     return done
 
 
+def _session_frames(store: Store) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(sessions made from the stored messages, the stored session rows), per (user, session)."""
+    if not store.has_table("messages") or not store.has_table("sessions"):
+        return pl.DataFrame(), pl.DataFrame()
+    msgs = pl.from_arrow(store.read("messages", columns=["user_id", "session_id", "seq", "speaker", "ts"]))
+    made = sessions_frame(msgs.with_columns(archive=pl.lit(None, pl.String)),  # type: ignore[union-attr]
+                          pl.DataFrame(schema=OBSERVATIONS_SCHEMA), "")
+    return made, pl.from_arrow(store.read("sessions"))  # type: ignore[return-value]
+
+
+def session_mismatches(store: Store) -> list[dict[str, Any]]:
+    """{user_id, session_id, stored, row} for every session whose row's message count is not the
+    number of its stored messages (`row` None: no row)."""
+    made, rows = _session_frames(store)
+    if made.height == 0:
+        return []
+    both = made.select("user_id", "session_id", stored="n_messages").join(
+        rows.select("user_id", "session_id", row="n_messages"), on=["user_id", "session_id"], how="left")
+    return both.filter(pl.col("row").is_null() | (pl.col("row") != pl.col("stored"))).sort(
+        "user_id", "session_id").to_dicts()
+
+
+def remake_sessions(store: Store, mismatched: list[dict[str, Any]]) -> int:
+    """Write the `mismatched` sessions' rows again from their stored messages (an existing row keeps
+    its archive and `observed`), under the writer lease; returns how many."""
+    with store.write_lease():
+        made, rows = _session_frames(store)
+        keys = pl.DataFrame(mismatched).select("user_id", "session_id")
+        fresh = made.join(keys, on=["user_id", "session_id"]).drop("archive", "observed")
+        kept = rows.select("user_id", "session_id", "archive", "observed") if rows.height else \
+            pl.DataFrame(schema={"user_id": pl.String, "session_id": pl.String, "archive": pl.String,
+                                 "observed": pl.Boolean})
+        out = fresh.join(kept, on=["user_id", "session_id"], how="left").with_columns(
+            pl.col("observed").fill_null(False)).select(made.columns)
+        if out.height:
+            store.upsert("sessions", out.to_dicts())
+    return out.height
+
+
 @dataclass
 class DoctorReport:
     """What `check` found (and removed, with `fix`)."""
@@ -140,11 +188,15 @@ class DoctorReport:
     unstored: dict[str, int] = field(default_factory=dict)      # rows without stored BM25 terms
     terms_stored: dict[str, int] = field(default_factory=dict)  # of those, rewritten with them (fix)
     compacted: list[str] = field(default_factory=list)          # tables the fix rewrote, then compacted
+    sessions: list[dict[str, Any]] = field(default_factory=list)  # session rows disagreeing with messages
+    sessions_remade: int = 0
 
     @property
     def ok(self) -> bool:
-        """No duplicates left (none found, or all removed) and no missing sources."""
-        return (not self.duplicates or self.removed_all()) and not self.missing
+        """No duplicates left (none found, or all removed), no missing sources, and every session row
+        agreeing with its messages (or remade)."""
+        return (not self.duplicates or self.removed_all()) and not self.missing \
+            and self.sessions_remade == len(self.sessions)
 
     def removed_all(self) -> bool:
         return all(self.removed.get(t, 0) == sum(n - 1 for n in d.values()) for t, d in self.duplicates.items())
@@ -161,8 +213,14 @@ class DoctorReport:
             sample = "; ".join(f"{r['id']} ({r['user_id']}: {', '.join(r['missing'][:examples])})"
                                for r in rows[:examples])
             out.append(f"{name}: {len(rows)} rows with missing source messages, e.g. {sample}")
+        if self.sessions:
+            sample = "; ".join(f"{r['user_id']}/{r['session_id']} ({r['stored']} stored, row "
+                               f"{'missing' if r['row'] is None else r['row']})" for r in self.sessions[:examples])
+            done = f"; remade {self.sessions_remade}" if self.sessions_remade else \
+                " (their turns are never consolidated; `mnemo doctor --fix` remakes the rows)"
+            out.append(f"sessions: {len(self.sessions)} rows disagree with their messages, e.g. {sample}{done}")
         if not out:
-            out.append("no duplicate ids, no missing sources")
+            out.append("no duplicate ids, no missing sources, session rows agree with their messages")
         for name, n in self.unstored.items():
             done = f"; stored them for {self.terms_stored[name]}" if name in self.terms_stored else \
                 " (a user's first query tokenizes them; `mnemo doctor --fix` stores them)"
@@ -173,7 +231,8 @@ class DoctorReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"duplicates": self.duplicates, "missing_sources": self.missing, "removed": self.removed,
-                "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "compacted": self.compacted, "ok": self.ok}
+                "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "compacted": self.compacted,
+                "sessions": self.sessions, "sessions_remade": self.sessions_remade, "ok": self.ok}
 
 
 def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None = None) -> DoctorReport:
@@ -182,11 +241,14 @@ def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None
     and new fragments that every read pays for), deleting versions older than `cleanup_older_than_s`.
     Rows without stored terms are not a problem (`ok`): they are slower."""
     report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store),
-                          unstored=unstored_terms(store))
+                          unstored=unstored_terms(store), sessions=session_mismatches(store))
+    if fix and report.sessions:
+        report.sessions_remade = remake_sessions(store, report.sessions)
     if fix and report.duplicates:
         report.removed = remove_duplicates(store, list(report.duplicates))
     if fix and report.unstored:
         report.terms_stored = store_terms(store, list(report.unstored))
-    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored)):
+    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored)
+                         | ({"sessions"} if report.sessions_remade else set())):
         report.compacted = store.optimize(changed, cleanup_older_than_s=cleanup_older_than_s)
     return report

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from memory import schemas
-from memory.doctor import check, duplicate_ids, missing_sources, remove_duplicates, unstored_terms
+from memory.doctor import check, duplicate_ids, missing_sources, remove_duplicates, session_mismatches, unstored_terms
 from memory.store import Store
 from retrieval.index import load_user
 
@@ -109,3 +109,22 @@ def test_rows_without_stored_terms_are_reported_and_stored_by_fix(sample_store: 
     assert all(sample_store.data_files()[name][0] == 1 for name in want)   # the rewrite's files merged
     for name, before in want.items():
         assert sample_store.read(name).sort_by("id").equals(before), name   # terms, vectors, all
+
+
+def test_session_rows_disagreeing_with_their_messages_are_remade_by_fix(sample_store: Store) -> None:
+    """A session row counting fewer turns than are stored, and a session with no row (what an append
+    racing a forget left in an older mnemo), are reported (exit 1) and `--fix` writes them again."""
+    want = {r["session_id"]: r for r in sample_store.read("sessions").to_pylist()}
+    raw = lancedb.connect(sample_store.uri).open_table("sessions")
+    raw.update(where="session_id = 'alice-s2'", values={"n_messages": 2})
+    raw.delete("session_id = 'alice-s3'")
+    assert [(r["session_id"], r["row"]) for r in session_mismatches(sample_store)] == [("alice-s2", 2),
+                                                                                     ("alice-s3", None)]
+    res = doctor(sample_store)
+    assert res.exit_code == 1 and "sessions: 2 rows disagree with their messages" in res.output, res.output
+    res = doctor(sample_store, "--fix", "--json")
+    assert res.exit_code == 0 and json.loads(res.output)["sessions_remade"] == 2, res.output
+    assert session_mismatches(sample_store) == []
+    got = {r["session_id"]: r for r in sample_store.read("sessions").to_pylist()}
+    assert got["alice-s2"] == want["alice-s2"]
+    assert {**got["alice-s3"], "archive": want["alice-s3"]["archive"]} == want["alice-s3"]   # its archive unknown
