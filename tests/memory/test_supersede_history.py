@@ -158,3 +158,44 @@ def test_a_restatement_of_a_replaced_turn_in_the_same_run(embedder: Embedder) ->
     plan(frags, ["f1", "f2"], {}, turns=turns)
     assert frags[0]["replaces_sources"] == ["m0"]
     assert not frags[0].get("superseded_by")
+
+
+def test_a_number_without_a_cue_changes_only_a_close_statement() -> None:
+    """v9 (an audit of v8: 130 of 390 closings were two quantities of one unit): an uncued number
+    updates only at a cosine of at least `QUANTITY_SIM`, and a span of time's unit word ("seconds")
+    is no shared context word unless the newer value says it changed."""
+    heartbeat = _f("user's server-side heartbeat timeout was set to 60 seconds", "m1")
+    driver = _f("user set the MongoDB driver connection timeout to 10 seconds", "m2")
+    assert decide(driver, heartbeat, 0.35) is None and decide(driver, heartbeat, 0.6) is None
+    staging = _f("My API latency is 60ms on the staging server", "m1")
+    measured = _f("My API latency was 45ms in the last load test", "m2")
+    assert decide(measured, staging, 0.4) is None                   # uncued and far
+    assert decide(measured, staging, 0.7) == "update"               # uncued and close
+    assert decide(_f("My API latency is now 45ms after the caching change", "m2"), staging, 0.4) == "update"
+    assert decide(_f("user has extended the probability study sessions to 4 hours a week", "m2"),
+                  _f("user spends 3 hours a week on probability study sessions", "m1"), 0.6) == "update"
+
+
+def test_a_target_a_delta_and_a_condition_are_other_facts() -> None:
+    """v9 (42 of v8's 390 closings were a target closed by a measurement or the reverse): a target or
+    bound changes only a target, a delta only a delta, a condition only a condition; conditions that
+    change while both statements measure something are two facts, whatever the units."""
+    target = _f("user wants to ensure the API response time of the login endpoint is under 300ms", "m1")
+    assert [q.bound for q in quantities(target["content"])] == [True]
+    assert decide(_f("user improved the API response time of the login endpoint to 220ms", "m2"), target, 0.8) is None
+    assert decide(_f("user got 92% test coverage for the auth module after adding tests", "m2"),
+                  _f("user is aiming for an 85% test coverage target for the auth module", "m1"), 0.8) is None
+    assert decide(_f("user's worker memory usage has stabilized at 160MB in production", "m2"),
+                  _f("user reduced the worker memory usage in production by 12MB", "m1"), 0.8) is None
+    # a target that changes, a measurement that changes, a raise "up to" a level: updates
+    assert decide(_f("user's test coverage target for the auth module is now 90%", "m2"),
+                  _f("user's test coverage target for the auth module is 85%", "m1"), 0.8) == "update"
+    assert decide(_f("user's login endpoint API response time has dropped to 180ms", "m2"),
+                  _f("user's login endpoint API response time is 220ms", "m1"), 0.8) == "update"
+    assert decide(_f("user's tests brought the payment module coverage up to 96%", "m2"),
+                  _f("user's payment module coverage is at 94% with the current tests", "m1"), 0.8) == "update"
+    latency = _f("Dana's round-trip latency improved to 95ms under 50 concurrent users on the chat server", "m1", "Dana")
+    assert decide(_f("Dana is simulating 1,000 concurrent users on the login API with Artillery", "m2", "Dana"),
+                  _f("Dana's login API response time is 120ms under 50 concurrent users", "m1", "Dana"), 0.8) is None
+    assert decide(_f("Dana's peak heap usage reached 220MB under 200 concurrent users on the chat server", "m2",
+                     "Dana"), latency, 0.8) is None

@@ -96,6 +96,46 @@ def test_a_named_change_needs_the_cue_before_the_new_name() -> None:
     assert decide(far, old, 0.8) is None                           # the cue does not govern the name
 
 
+def test_a_named_change_needs_close_statements_and_a_replacement_cue() -> None:
+    """v9 (an audit of v8: 2 of 71 named-value closings right): the same key no longer stands in for
+    a close cosine, progress words ("recently upgraded") are no replacement cue, a cue inside a
+    hyphenated name ("Flask-JWT-Extended") is none, and a weekday is no name; a name the newer
+    statement says it left ("switched from Flask") still counts as dropped."""
+    def f(text: str, mid: str, key: str = "") -> dict[str, Any]:
+        return {"subject": "user", "key": key, "content": text, "source_ids": [mid]}
+    mongo = f("user is experiencing issues with the MongoDB connection in the chat app", "m1", "experiencing issues")
+    script = f("user is now experiencing issues with JavaScript code in the chat app", "m2", "experiencing issues")
+    assert decide(script, mongo, 0.3) is None                       # same key, unrelated statements
+    assert decide(f("user recently upgraded to Flask 2.3.3 for the object detection app", "m2"),
+                  f("user is using OpenCV 4.7.0 and Python 3.10 for the object detection app", "m1"), 0.7) is None
+    assert decide(f("user added Flask-JWT-Extended with Redis to handle tokens for the dashboard login", "m2"),
+                  f("user is using Flask-Login to handle the dashboard login and sessions", "m1"), 0.7) is None
+    assert decide(f("user now holds the team retrospectives every Monday afternoon in the office", "m2"),
+                  f("user holds the team code reviews every Friday afternoon in the office", "m1"), 0.7) is None
+    # real replacements still are: "switched from X to Y", a cue opening the sentence
+    flask = _f("I built the backend of my budgeting app with Flask last spring", "m1")
+    assert decide(_f("I switched from Flask to FastAPI for the backend of my budgeting app", "m2"), flask, 0.7) == "update"
+    assert decide(_f("Now the budgeting app runs on FastAPI for its whole backend", "m2"),
+                  _f("The budgeting app runs on Flask for its whole backend", "m1"), 0.7) == "update"
+
+
+def test_a_turns_fragments_are_judged_at_the_turns_cosine() -> None:
+    """v9: `plan_turns` judged the older turn's fragments at a cosine of 1.0, so any fragment of a turn
+    found for one changed number could be closed by a named value; now at the two turns' cosine."""
+    import numpy as np
+
+    near = np.array([0.45, float(np.sqrt(1 - 0.45 ** 2))], dtype=np.float32)
+    old_text = "My API latency is 60ms on staging. I host the budgeting app on Heroku with Postgres."
+    new_text = "My API latency is now 45ms since I moved the budgeting app to Render."
+    turns = Turns([{**_turn("m1", 1, old_text, np.array([1.0, 0.0], dtype=np.float32)), "id": "msg-m1"},
+                   {**_turn("m2", 5, new_text, near), "id": "msg-m2"}])
+    frags = [_frag("f1", "m1", 1, "Dana's API latency is 60ms on the staging server", np.zeros(2)),
+             _frag("f2", "m1", 1, "Dana hosts the budgeting app on Heroku with Postgres", np.zeros(2))]
+    stage_plan_turns(frags, ["m2"], turns)
+    assert frags[0]["superseded_by"] == "msg-m2"                    # the changed number
+    assert frags[1].get("superseded_by") is None                    # cosine 0.45: no named value change
+
+
 def test_a_quoted_name_is_a_quotation_not_a_new_value() -> None:
     """v8: "now getting a “Rate limit exceeded” error" had replaced "using the API correctly"."""
     old = {"subject": "user", "key": "rate limits", "content": "user wants to make sure user is using the API "

@@ -20,8 +20,14 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   25 deadline``, ``has increased to 7``), or a change verb whose object runs up to a ``to`` right
   before the value, however long (``adjust the deadline for my Instagram automation prototype to
   April 5``; not the ``to`` of a range or a bound: ``from 7 to 9 PM``, ``up to 40``); a number with
-  a unit (``52 sources``) needs none. A number right after ``under`` or ``across`` is a
-  measurement's *condition*: when both fragments state one of the same quantity with different
+  a unit (``52 sources``) needs none, but an uncued one changes only between statements at a text
+  cosine of at least `QUANTITY_SIM` (v9: two timeouts, two latencies of different things), and a
+  span of time's unit word (``seconds``, ``days``) is then no shared context word (v9: ``heartbeat
+  timeout of 60 seconds`` / ``connection timeout to 10 seconds`` shared only {timeout, second}).
+  What a number states (`memory.llm.rules.modality`, v9): a target or bound (``under 300ms``,
+  ``aiming for 85%``) only changes a target or bound, a delta (``by 12MB``) only a delta, a measured
+  or set value only one of those. A number right after ``across``, or after ``under`` of a counted
+  thing, is a measurement's *condition*: when both fragments state one of the same quantity with different
   values, the measurements they condition are two facts, not an update, changed or not (``120ms
   under 20 concurrent requests`` / ``dropped to 210ms under 300 concurrent requests``; ``120ms``
   under both loads alike); a condition alone that changes is an update.
@@ -34,11 +40,12 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   ``reverted``) or says right at the number that it is new (a change cue among the `STATED_WORDS`
   words before it, or a change verb's ``to``: ``is now 100``, ``lowered the limit to 100``). The
   callers give `decide` that history (`turns.History`), which then says ``restatement``.
-* **named values** — under the same key (or a text cosine of at least `NAMED_SIM`), a newer fragment
-  with a change cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a
-  capitalized value the older one does not name (within `CUE_WORDS` words after the cue), while
-  the older names one the newer drops, **updates** it (``now uses PostgreSQL`` after ``uses SQLite``).
-  A name inside quotes is a quotation, not a value (``now getting a "Rate limit exceeded" error``).
+* **named values** — at a text cosine of at least `NAMED_SIM`, a newer fragment with a replacement
+  cue (``now``, ``switched to``, ``moved to``, ``instead``, ``no longer``...) naming a capitalized
+  value the older one does not name, while the older names one the newer drops (or says it left:
+  ``switched from Flask to FastAPI``), **updates** it (``now uses PostgreSQL`` after ``uses
+  SQLite``): `memory.llm.rules.named`. A name inside quotes is a quotation, not a value (``now getting
+  a "Rate limit exceeded" error``), and a month or a weekday is no name.
 * **contradictions** — a newer fragment that negates an experience or state for all time
   (``never``, ``haven't ever``, ``not yet``) of which an older fragment states the opposite
   (sharing at least `MIN_SHARED` of the words after the negation, past verbs included: ``never
@@ -59,20 +66,24 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
+from memory.llm.rules.modality import mode
+from memory.llm.rules.named import named_change, subject_names
 from memory.text import content_tokens, is_content, looks_like_code
 
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
-           "same_key", "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED"]
+           "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED", "QUANTITY_SIM"]
 
-SUPERSEDE_VERSION = "rules-supersede-v8"   # v7: code lines, no assistant fragment; v8: a quoted name is no value
+# v7: code lines, no assistant fragment; v8: a quoted name is no value; v9: quantity identity, targets
+# and deltas apart, the named-value rule tightened (an audit of v8's decisions: 21% right)
+SUPERSEDE_VERSION = "rules-supersede-v9"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
 MIN_SHARED = 2
-#: words before a changed value (after it, for a name) that a change cue must fall within
+#: words before a changed value that a change cue must fall within (a name's: `named.NAME_WORDS`)
 CUE_WORDS = 8
-#: text cosine under which a named value change needs the same key
-NAMED_SIM = 0.6
+#: text cosine under which a number with no change cue before it changes no other statement's
+QUANTITY_SIM = 0.5
 #: words before a shared word in which a negation makes the statement negated too
 NEG_WORDS = 2
 #: words a fragment needs to be a statement (shorter ones are labels and headings)
@@ -101,9 +112,6 @@ _RANGE_TO_RE = re.compile(r"(?:\bfrom\s+\S+(?:\s+\S+)?|\bup)\s+to\s*$", re.IGNOR
 _REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|revert(?:s|ed|ing)?|returned\s+to|restored?)\b", re.IGNORECASE)
 #: words right before a number (`STATED_WORDS`) that say it is a new value: "is now 100", "lowered it to 100"
 STATED_WORDS = 3
-#: a preposition right before a number that makes it the condition of a measurement ("180ms under
-#: 20 concurrent requests"): two measurements under different conditions are two facts
-_CONDITIONS = frozenset({"under", "across"})
 _MONTHS = {m: i + 1 for i, ms in enumerate(("january jan", "february feb", "march mar", "april apr", "may",
                                              "june jun", "july jul", "august aug", "september sep sept",
                                              "october oct", "november nov", "december dec"))
@@ -118,8 +126,6 @@ _RATIO_RE = re.compile(r"\b\d+\s*[/:]\s*\d+\b")
 _NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s+ever|hasn't\s+(?:ever|yet)|"
                        r"not\s+ever|no\s+experience)\b", re.IGNORECASE)
 _NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
-_CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
-_QUOTED_RE = re.compile(r"\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”|‘[^’\n]{1,80}’|(?<!\w)'\S[^'\n]{0,78}\S'(?!\w)")
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
 #: a rate's period right after its unit ("words/day", "hours per week", "calls a day")
 _PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|year|hour|minute|session)s?\b",
@@ -131,6 +137,8 @@ _UNIT_ALIASES = {"percent": "%", "%": "%", "ms": "ms", "s": "s", "k": "k", "x": 
                  **{u: u for u in ("kb", "mb", "gb", "tb")}}    # sizes: too short for a content word
 #: units of time, which the content-word filter drops (``6 weeks`` is not a unitless 6)
 _MEASURES = {w + s: w for w in ("second", "minute", "hour", "day", "week", "month", "year") for s in ("", "s")}
+#: a span of time's unit words, stemmed or not: shared by every two spans, they say nothing of what is timed
+_SPAN_WORDS = {w: {w, w + "s", _STEM_RE.sub("", w + "s")} for w in set(_MEASURES.values())}
 _NUMBER_WORDS = frozenset("""user users the a an and or of to in on at by for with from is are was were has have
 been be it its this that which who as than then about around approximately roughly over under up down
 only just also now recently already after before since until during per into onto across through
@@ -152,8 +160,12 @@ class Quantity:
     cued: bool = False
     #: the period of a rate ("1,700 words/day", "a weekly word count of 1,200": day, week), or ""
     per: str = ""
-    #: the number is a measurement's condition (`_CONDITIONS`: "under 20 concurrent requests")
+    #: the number is a measurement's condition ("under 20 concurrent requests": `modality`)
     condition: bool = False
+    #: the number is a target or a bound ("under 300ms", "aiming for 85%": `modality`)
+    bound: bool = False
+    #: the number is a change by an amount ("reduced it by 12MB": `modality`)
+    delta: bool = False
     #: the statement says right at the number that it is a new value ("is now 100", "lowered it to 100")
     stated: bool = False
 
@@ -182,13 +194,13 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
     to_cued = bool(_CHANGE_TO_RE.search(prefix)) and not _RANGE_TO_RE.search(prefix)
     cued = bool(_CHANGE_RE.search(" ".join(words[-CUE_WORDS:]))) or to_cued
     stated = to_cued or bool(_CHANGE_RE.search(" ".join(words[-STATED_WORDS:])))
-    condition = bool(words) and words[-1].lower() in _CONDITIONS and unit not in ("date", "time")
+    how = mode(prefix, text[end:], unit)
     rate = _PER_RE.match(text, end)
     per = rate.group(1).lower() if rate else next(
         (_PERIODS[w] for w in [x.lower() for x in words[-WINDOW:]] + text[end:].lower().split()[:2]
          if w in _PERIODS), "")
     return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per,
-                    condition=condition, stated=stated)
+                    condition=how.condition, bound=how.bound, delta=how.delta, stated=stated)
 
 
 @lru_cache(maxsize=65536)
@@ -229,29 +241,17 @@ def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
     return tuple(out)
 
 
-def same_key(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Same subject and the same key once normalized (case, spaces)."""
-    def norm(x: Any) -> str:
-        return " ".join(str(x or "").lower().split())
-    return norm(a.get("subject")) == norm(b.get("subject")) and bool(norm(a.get("key"))) \
-        and norm(a.get("key")) == norm(b.get("key"))
-
-
-def _names(subject: str) -> set[str]:
-    names = {w.lower() for w in subject.split()}
-    return names | {n + "'s" for n in names}
-
-
 def _text(f: dict[str, Any]) -> str:
     return f"{f.get('key') or ''}: {f.get('content') or ''}"
 
 
 def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
     """The quantities of `newer` that give a quantity of `older` another value. None when the
-    condition changes (a number right after `_CONDITIONS` in both, same unit and context, different
-    values) and a measurement is stated too, changed or not: "210ms under 300 concurrent requests"
-    after "120ms under 20 concurrent requests" is another fact, not an update."""
-    exclude = _names(str(newer.get("subject") or ""))
+    condition changes (a `Quantity.condition` in both, same unit and context, different
+    values) and both state a measurement too, changed or not, of any unit (v9; v8: of the same
+    quantity): "210ms under 300 concurrent requests" after "120ms under 20 concurrent requests", or
+    "220MB under 200 concurrent users" after "95ms under 50 concurrent users", is another fact."""
+    exclude = subject_names(str(newer.get("subject") or ""))
     new_q, old_q = quantities(_text(newer), exclude), quantities(_text(older), exclude)
     if not new_q or not old_q:
         return []
@@ -259,14 +259,11 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
     same_period = any(kind == "date" and (kind, v) in old_values for kind, v in new_values)
     out: list[Quantity] = []
     conditions: list[Quantity] = []
-    kept = False                                       # a measurement both state with one value
     for nq in new_q:
         scope = 1 if same_period and _kind(nq) != "date" else 0     # a date both state: one shared word
         for oq in old_q:
-            if not _same_unit(nq, oq) or len(nq.context & oq.context) + scope < MIN_SHARED:
+            if not _same_unit(nq, oq) or _shared(nq, oq) + scope < MIN_SHARED or _modes_differ(nq, oq):
                 continue
-            if nq.value == oq.value and not (nq.condition or oq.condition):
-                kept = True
             if (_kind(nq), nq.value) in old_values or (_kind(oq), oq.value) in new_values:
                 continue
             if nq.needs_cue and not nq.cued:
@@ -274,7 +271,7 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
             found = conditions if nq.condition and oq.condition else out
             if nq not in found:
                 found.append(nq)
-    if conditions and (out or kept):
+    if conditions and _measures(new_q) and _measures(old_q):
         return []
     return out or conditions
 
@@ -291,10 +288,30 @@ def _gives_back(newer: dict[str, Any], drivers: list[Quantity], earlier: Iterabl
     """`restates` once the changed quantities (`drivers`) are known."""
     if not drivers or _REVERT_RE.search(str(newer.get("content") or "")) or any(d.stated for d in drivers):
         return False
-    exclude = _names(str(newer.get("subject") or ""))
+    exclude = subject_names(str(newer.get("subject") or ""))
     past = [q for e in earlier for q in quantities(_text(e), exclude)]
     return all(any(_same_unit(d, p) and d.value == p.value and len(d.context & p.context) >= MIN_SHARED
                    for p in past) for d in drivers)
+
+
+def _shared(a: Quantity, b: Quantity) -> int:
+    """Context words two quantities share, a span of time's unit word not counted (v9) unless the
+    newer value `a` says it changed ("extended my study sessions to 4 hours")."""
+    common = a.context & b.context
+    for unit in ({a.unit, b.unit} & _SPAN_WORDS.keys()) if not a.cued else ():
+        common -= _SPAN_WORDS[unit]
+    return len(common)
+
+
+def _modes_differ(a: Quantity, b: Quantity) -> bool:
+    """A target or bound and a value, a delta and a level, a condition and a count: two facts,
+    never one changed (v9)."""
+    return (a.condition, a.bound, a.delta) != (b.condition, b.bound, b.delta) and _kind(a) == ""
+
+
+def _measures(found: Iterable[Quantity]) -> bool:
+    """Some quantity is no condition, date or time: a measurement the conditions qualify."""
+    return any(not q.condition and _kind(q) == "" for q in found)
 
 
 def _kind(q: Quantity) -> str:
@@ -317,30 +334,6 @@ def _same_unit(a: Quantity, b: Quantity) -> bool:
     return False
 
 
-def _caps(text: str) -> set[str]:
-    """Capitalized names outside quoted phrases ("Rate limit exceeded"; a lone "Kong" counts, "user's" opens none)."""
-    return {m.group(1) for m in _CAP_RE.finditer(_QUOTED_RE.sub(lambda q: " " if " " in q.group(0) else q.group(0),
-                                                                text)) if len(m.group(1)) > 1}
-
-
-def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> bool:
-    """A change cue in the newer fragment with a named value the older lacks, and vice versa."""
-    if not (same_key(newer, older) or similarity >= NAMED_SIM):
-        return False
-    text_new, text_old = str(newer.get("content") or ""), str(older.get("content") or "")
-    if not _CHANGE_RE.search(text_new):
-        return False
-    subject = _names(str(newer.get("subject") or ""))
-    cap_new = {c for c in _caps(text_new) if c.lower() not in subject}
-    cap_old = {c for c in _caps(text_old) if c.lower() not in subject}
-    if not cap_old - cap_new:
-        return False
-    for cue in _CHANGE_RE.finditer(text_new):               # the cue governs a new name after it
-        if _caps(" ".join(text_new[cue.end():].split()[:CUE_WORDS])) & (cap_new - cap_old):
-            return True
-    return False
-
-
 def contradiction(newer: dict[str, Any], older: dict[str, Any]) -> bool:
     """One of the two negates for all time what the other states (see the module doc): at least
     `MIN_SHARED` of the `WINDOW` words after the negation (verbs in the past kept: ``enrolled``,
@@ -352,7 +345,7 @@ def contradiction(newer: dict[str, Any], older: dict[str, Any]) -> bool:
         return False
     negated, stated, m = (a, b, m_a) if m_a else (b, a, m_b)
     assert m is not None
-    exclude = _names(str(newer.get("subject") or "")) | {"never", "ever", "yet", "actually", "project"}
+    exclude = subject_names(str(newer.get("subject") or "")) | {"never", "ever", "yet", "actually", "project"}
     clause = {w for w, _ in _clause_words(negated[m.end():], exclude)[:WINDOW]}
     said = _clause_words(stated, exclude, keep_negations=True)
     shared = set()
@@ -412,7 +405,7 @@ def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float,
         return None
     if contradiction(newer, older):
         return "contradiction"
-    drivers = changed(newer, older)
+    drivers = [d for d in changed(newer, older) if d.cued or similarity >= QUANTITY_SIM]
     if drivers and earlier is not None and _gives_back(newer, drivers, earlier()):
         return "restatement"
     if drivers or named_change(newer, older, similarity):

@@ -290,7 +290,10 @@ def plan_turns(frags: list[dict[str, Any]], todo: Iterable[str], turns: Turns,
                     add(own[0], field, found)
                     continue
                 for old in found:
-                    held = [g for g in carriers.get(old, []) if is_statement(g) and decide(probe, g, 1.0) == verdict]
+                    # the two turns' cosine, as `Turns.replaced` judged them (v9; v8 passed 1.0, so no
+                    # cosine gate applied to what the older turn's fragments hold)
+                    sim = float(turns.z[turns.at[old]] @ turns.z[j]) if old in turns.at else 0.0
+                    held = [g for g in carriers.get(old, []) if is_statement(g) and decide(probe, g, sim) == verdict]
                     orphan = not held if verdict == "update" else not carriers.get(old)
                     if orphan and unheld is not None:
                         unheld.append((mid, sentence, old, field))

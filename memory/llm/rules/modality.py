@@ -1,0 +1,86 @@
+"""What kind of value a number states, for the `rules` supersede decision (rules-supersede-v9): a
+measured or set value ("the API responds in 220ms"), a target or bound ("ensure it is under 300ms",
+"aiming for 85% coverage", "a $500 budget"), a change by an amount ("reduced it by 12MB"), or a
+measurement's condition ("120ms under 20 concurrent requests").
+
+A target still holds when a measurement meets or misses it, a delta is no level, and a condition
+qualifies a measurement, so the quantities (`memory.llm.rules.supersede.changed`) compare a target
+only with a target, a delta only with a delta, a condition only with a condition. An audit of v8's
+decisions found 42 of 390 closings where a target or bound had been closed by a measurement or the
+reverse ("ensure [the response] is under 300ms" by "improved it to 220ms"; "aiming for an 85%
+coverage target" by "got 92%").
+
+Read from the words just before the number (and a goal noun right after it), no world knowledge:
+
+* **condition**: "across N", or "under N" of a counted thing (a word unit that is no time span:
+  "under 20 concurrent requests"); "under 300ms" or "under 5 minutes" is a bound;
+* **bound**: a bound preposition right before the number (under, below, above, within, less /
+  fewer than, no more than, at most, at least, up to, sub-; not the "up to" of a raise: "brought it
+  up to 96%"), a goal word among the `GOAL_WORDS` words before it in its clause (targeting, aim /
+  aiming for, want / need / hope to, working on achieving, to reach / achieve / hit, ensure,
+  maintain, keep; in the present, and not after "managed to" or "able to": "maintained 90%",
+  "managed to keep it at 90%" are achievements), or a goal noun (target, goal, budget, SLA) that the
+  number completes ("a budget of $500", "the target is 85%"; not "my budget tracker has 150") or
+  that follows it ("a 300ms target", "85% coverage goal");
+* **delta**: "by" right before the number ("cut it by 25%", "reduced by about 12MB").
+"""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+__all__ = ["GOAL_WORDS", "Mode", "mode"]
+
+#: words before a number (in its clause) that a goal word must fall within (a quantity's context window)
+GOAL_WORDS = 6
+
+_APPROX = r"(?:(?:about|around|roughly|approximately|nearly|almost|just|only|~)\s*)?"
+_PREPOSITION_RE = re.compile(r"(?:\b(?:under|below|above|within|(?:less|fewer)\s+than|no\s+more\s+than|"
+                             rf"at\s+(?:most|least)|up\s+to)\s+{_APPROX}|\bsub-\s*|<\s*|[≤≥]\s*)$", re.IGNORECASE)
+_GOAL_RE = re.compile(r"(?<!managed\sto\s)(?<!able\sto\s)\b(?:targets|targeting|aim(?:s|ing)?|achieving|"
+                      r"(?:wants?|needs?|hop(?:e|es|ing))\s+to|ensur(?:e|es|ing)|maintain(?:s|ing)?|keep(?:s|ing)?)\b"
+                      r"|(?<!managed\s)(?<!able\s)\bto\s+(?:reach|achieve|hit)\b", re.IGNORECASE)
+#: a goal noun that the number completes ("a budget of $500", "the target is 85%"; not "budget tracker")
+_GOAL_NOUN_RE = re.compile(r"\b(?:targets?|goals?|budget|sla):?(?:\s+(?:is|was|of|at|to|now|set|around|about|"
+                           r"roughly|approximately|currently))*\s*$", re.IGNORECASE)
+#: a goal noun after the number, up to three words on ("a 300ms API response target"; not "... is a goal")
+_GOAL_AFTER_RE = re.compile(r"^\s*(?:(?!(?:is|was|are|and|but|or|with|for|to|of|the|a|an|which|that|than|in|on|"
+                            r"at|by|as)\b)[A-Za-z][\w\-]*\s+){0,3}(?:target|goal|budget|sla)\b", re.IGNORECASE)
+#: "up to" after a verb that raises ("brought my coverage up to 96%") is a new level, not a bound
+_RAISED_RE = re.compile(r"\b(?:br(?:ing|ings|ought)|g(?:o|oes|one|ot|et|ets)|went|gr(?:ew|own)|r(?:ose|isen)|"
+                        r"climb(?:s|ed)?|bump(?:s|ed)?|push(?:es|ed)?|mov(?:e|es|ed)|rais(?:e|es|ed)|"
+                        r"increas(?:e|es|ed))\b(?:\s+\S+){0,5}\s+up\s+to\s+$", re.IGNORECASE)
+_DELTA_RE = re.compile(rf"\bby\s+{_APPROX}$", re.IGNORECASE)
+#: a currency sign or a tilde right before the number ("under $300", "by ~12MB")
+_SIGN_RE = re.compile(r"[$€£~]\s*$")
+_CLAUSE_RE = re.compile(r"[.;:!?]\s|,(?!\d)")
+#: units of measure ("under 300ms", "under 5 minutes", "under 200KB" bound); another word unit is a
+#: counted thing ("under 20 concurrent requests": a condition)
+_MEASURES = frozenset({"s", "ms", "k", "x", "kb", "mb", "gb", "tb", "second", "minute", "hour", "day", "week",
+                       "month", "year"})
+
+
+class Mode(NamedTuple):
+    """What kind of value a number states (see the module doc)."""
+
+    condition: bool = False
+    bound: bool = False
+    delta: bool = False
+
+
+def mode(prefix: str, rest: str, unit: str) -> Mode:
+    """The modality of the number between `prefix` (the text before it) and `rest` (the text after
+    its unit), of unit `unit` (a word unit is its stemmed word; dates and times have none)."""
+    if unit in ("date", "time"):
+        return Mode()
+    prefix = _SIGN_RE.sub("", prefix)
+    words = prefix.split()
+    last = words[-1].lower() if words else ""
+    condition = last == "across" or (last == "under" and unit.isalpha() and unit not in _MEASURES)
+    before = prefix.rstrip() + " "
+    clause = _CLAUSE_RE.split(prefix)[-1]
+    preposition = _PREPOSITION_RE.search(before) and not _RAISED_RE.search(clause.rstrip() + " ")
+    bound = not condition and bool(preposition or _GOAL_NOUN_RE.search(before)
+                                   or _GOAL_AFTER_RE.match(rest)
+                                   or _GOAL_RE.search(" ".join(clause.split()[-GOAL_WORDS:])))
+    return Mode(condition=condition, bound=bound, delta=bool(_DELTA_RE.search(before)))

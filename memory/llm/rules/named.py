@@ -1,0 +1,86 @@
+"""Named values for the `rules` supersede decision (`memory.llm.rules.supersede`): a newer statement
+that says one named thing took another's place ("now uses PostgreSQL" after "uses SQLite", "switched
+from Flask to FastAPI" after "built it with Flask").
+
+Names fail differently from quantities, so they have their own rule. rules-supersede-v9 tightened it
+after an audit of v8's decisions (2 of 71 named-value closings were right): "now experiencing issues
+with JavaScript" had closed "issues with MongoDB connection" (same key), "recently upgraded to Flask
+2.3.3" closed "using OpenCV 4.7.0", the "Extended" of "Flask-JWT-Extended" was read as a cue, and "May"
+as a new name. Now:
+
+* the two statements must be close in meaning (cosine >= `NAMED_SIM`) whatever their keys: a key is
+  the first content words ("experiencing issues", "working project"), shared by unrelated statements;
+* only a replacement cue says a value was replaced (`_SWITCH_RE`: now, switched, moved, migrated,
+  replaced, instead, no longer, changed); progress words (new, recently, updated, upgraded, improved,
+  reached) say that something happened, not that one value took another's place;
+* a cue is a word of its own, in lower case or opening a sentence: "Flask-JWT-Extended" is a name;
+* months, weekdays and AM/PM are no names (dates and times are quantities);
+* a name the newer statement says it left ("switched from Flask to FastAPI", "instead of Flask",
+  "no longer uses Flask") counts as dropped, though the newer statement names it.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["NAMED_SIM", "NAME_WORDS", "named_change", "names", "subject_names"]
+
+#: text cosine two statements need for a named value of one to replace the other's
+NAMED_SIM = 0.6
+#: words after a replacement cue that the new name must fall within
+NAME_WORDS = 8
+
+_CAP_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
+_QUOTED_RE = re.compile(r"\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”|‘[^’\n]{1,80}’|(?<!\w)'\S[^'\n]{0,78}\S'(?!\w)")
+#: the words that say a value was replaced, as words of their own (not inside "Flask-JWT-Extended")
+_SWITCH_RE = re.compile(r"(?<![\w-])(?:now|no\s+longer|instead|switch(?:es|ed|ing)?|mov(?:ed|ing)|"
+                        r"migrat(?:e|es|ed|ing)|replac(?:e|es|ed|ing)|chang(?:ed|ing))(?![\w-])", re.IGNORECASE)
+#: a name the statement says it left: "from X" after a cue, "instead of X", "no longer ... X", "replaced X"
+_LEFT_RE = re.compile(r"(?<![\w-])(?:(?:switch(?:es|ed|ing)?|mov(?:ed|ing)|migrat(?:e|es|ed|ing)|chang(?:ed|ing))"
+                      r"(?:\s+\S+){0,3}?\s+from|instead\s+of|no\s+longer\s+\S+(?:\s+\S+)?|"
+                      r"replac(?:e|es|ed|ing))\s+((?:\S+\s+){0,2}?[A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
+#: capitalized words that are dates or times, not names
+_NOT_NAMES = frozenset("""January February March April May June July August September October November December
+Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Monday Tuesday Wednesday Thursday Friday Saturday Sunday
+Mon Tue Tues Wed Thu Thurs Fri Sat Sun AM PM A.M P.M""".split())
+
+
+def subject_names(subject: str) -> set[str]:
+    """The lower-cased words of a subject and their possessives: never a value of the subject's."""
+    words = {w.lower() for w in subject.split()}
+    return words | {n + "'s" for n in words}
+
+
+def names(text: str) -> set[str]:
+    """Capitalized names outside quoted phrases ("Rate limit exceeded"; a lone "Kong" counts, "user's"
+    opens none), months, weekdays and AM/PM left out."""
+    unquoted = _QUOTED_RE.sub(lambda q: " " if " " in q.group(0) else q.group(0), text)
+    return {m.group(1) for m in _CAP_RE.finditer(unquoted) if len(m.group(1)) > 1 and m.group(1) not in _NOT_NAMES}
+
+
+def _cues(text: str) -> list[re.Match[str]]:
+    """The replacement cues of `text`: in lower case, or opening a sentence ("Now I use Kong")."""
+    return [m for m in _SWITCH_RE.finditer(text)
+            if m.group(0).islower() or not text[:m.start()].strip() or text[:m.start()].rstrip()[-1] in ".!?"]
+
+
+def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> bool:
+    """A replacement cue in the newer statement followed (within `NAME_WORDS` words) by a name the
+    older does not give, while the older gives one the newer drops or says it left; the two at a
+    cosine of at least `NAMED_SIM`."""
+    if similarity < NAMED_SIM:
+        return False
+    text_new, text_old = str(newer.get("content") or ""), str(older.get("content") or "")
+    cues = _cues(text_new)
+    if not cues:
+        return False
+    subject = subject_names(str(newer.get("subject") or ""))
+    cap_new = {c for c in names(text_new) if c.lower() not in subject}
+    cap_old = {c for c in names(text_old) if c.lower() not in subject}
+    left = {c for m in _LEFT_RE.finditer(text_new) for c in names(" " + m.group(1))}
+    if not cap_old - (cap_new - left):
+        return False
+    for cue in cues:                               # the cue governs a new name after it
+        if names(" ".join(text_new[cue.end():].split()[:NAME_WORDS])) & (cap_new - cap_old):
+            return True
+    return False
