@@ -20,6 +20,9 @@
   each such row again from the messages (count, speakers, first time), and the next run consolidates
   what its progress has not covered.
 
+- `unfinished_forgets`: forget runs recorded `started` or `purging` (a forget that died: the forgotten
+  text may still be on disk until the next forget finishes it, which only `mnemo forget` does).
+
 `check(store, fix=...)` runs them all; `mnemo doctor [--fix]` prints it.
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-from lancedb.expr import col
+from lancedb.expr import col, lit
 
 from memory import schemas
 from memory.ingest.common import OBSERVATIONS_SCHEMA
@@ -178,6 +181,15 @@ def remake_sessions(store: Store, mismatched: list[dict[str, Any]]) -> int:
     return out.height
 
 
+def unfinished_forgets(store: Store) -> list[dict[str, Any]]:
+    """{id, users, status} of forget runs not `completed` (none while no forget died or runs now)."""
+    if not store.has_table("runs"):
+        return []
+    rows = store.read("runs", columns=["id", "kind", "status", "users"], where=col("kind") == lit("forget"))
+    return sorted(({"id": r["id"], "users": r["users"] or [], "status": r["status"]} for r in rows.to_pylist()
+                   if r["status"] != "completed"), key=lambda r: r["id"])
+
+
 @dataclass
 class DoctorReport:
     """What `check` found (and removed, with `fix`)."""
@@ -190,13 +202,14 @@ class DoctorReport:
     compacted: list[str] = field(default_factory=list)          # tables the fix rewrote, then compacted
     sessions: list[dict[str, Any]] = field(default_factory=list)  # session rows disagreeing with messages
     sessions_remade: int = 0
+    forgets: list[dict[str, Any]] = field(default_factory=list)   # forget runs left unfinished
 
     @property
     def ok(self) -> bool:
         """No duplicates left (none found, or all removed), no missing sources, and every session row
         agreeing with its messages (or remade)."""
         return (not self.duplicates or self.removed_all()) and not self.missing \
-            and self.sessions_remade == len(self.sessions)
+            and self.sessions_remade == len(self.sessions) and not self.forgets
 
     def removed_all(self) -> bool:
         return all(self.removed.get(t, 0) == sum(n - 1 for n in d.values()) for t, d in self.duplicates.items())
@@ -219,6 +232,10 @@ class DoctorReport:
             done = f"; remade {self.sessions_remade}" if self.sessions_remade else \
                 " (their turns are never consolidated; `mnemo doctor --fix` remakes the rows)"
             out.append(f"sessions: {len(self.sessions)} rows disagree with their messages, e.g. {sample}{done}")
+        for r in self.forgets:
+            out.append(f"forget {r['id']} of {', '.join(r['users'])} is {r['status']}: unless it runs now, the "
+                       f"forgotten text may still be on disk; `mnemo forget {r['users'][0] if r['users'] else 'USER'}` "
+                       "finishes it")
         if not out:
             out.append("no duplicate ids, no missing sources, session rows agree with their messages")
         for name, n in self.unstored.items():
@@ -232,7 +249,8 @@ class DoctorReport:
     def to_dict(self) -> dict[str, Any]:
         return {"duplicates": self.duplicates, "missing_sources": self.missing, "removed": self.removed,
                 "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "compacted": self.compacted,
-                "sessions": self.sessions, "sessions_remade": self.sessions_remade, "ok": self.ok}
+                "sessions": self.sessions, "sessions_remade": self.sessions_remade,
+                "unfinished_forgets": self.forgets, "ok": self.ok}
 
 
 def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None = None) -> DoctorReport:
@@ -241,7 +259,8 @@ def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None
     and new fragments that every read pays for), deleting versions older than `cleanup_older_than_s`.
     Rows without stored terms are not a problem (`ok`): they are slower."""
     report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store),
-                          unstored=unstored_terms(store), sessions=session_mismatches(store))
+                          unstored=unstored_terms(store), sessions=session_mismatches(store),
+                          forgets=unfinished_forgets(store))
     if fix and report.sessions:
         report.sessions_remade = remake_sessions(store, report.sessions)
     if fix and report.duplicates:

@@ -128,3 +128,15 @@ def test_session_rows_disagreeing_with_their_messages_are_remade_by_fix(sample_s
     got = {r["session_id"]: r for r in sample_store.read("sessions").to_pylist()}
     assert got["alice-s2"] == want["alice-s2"]
     assert {**got["alice-s3"], "archive": want["alice-s3"]["archive"]} == want["alice-s3"]   # its archive unknown
+
+
+def test_a_forget_left_unfinished_is_reported(sample_store: Store) -> None:
+    """A forget that died (its run row `purging`): the forgotten text may still be on disk, exit 1."""
+    from memory.forget import forget
+    from memory.settings import Settings
+
+    forget(sample_store, Settings(store=sample_store.uri), "alice", messages=["alice-s1-m01"])
+    assert doctor(sample_store).exit_code == 0
+    lancedb.connect(sample_store.uri).open_table("runs").update(where="kind = 'forget'", values={"status": "purging"})
+    res = doctor(sample_store)
+    assert res.exit_code == 1 and "of alice is purging" in res.output and "mnemo forget alice" in res.output, res.output
