@@ -253,6 +253,8 @@ def settle_appends(store: Store, p: Plan, dels: dict[str, set[str]]) -> int:
     dels.setdefault("messages", set()).update(late)
     dels["sessions"] = (dels.get("sessions", set()) - {r["id"] for r in cut.values()}) | {rid for _, rid in gone}
     p.cut_sessions.update(cut)
+    kept = [i for i, sid in enumerate(p.gone_sessions) if sid not in cut]     # an append refilled the others
+    p.gone_sessions, p.gone_session_rows = [p.gone_sessions[i] for i in kept], [p.gone_session_rows[i] for i in kept]
     p.remaining = keep.height
     return len(late)
 
@@ -296,9 +298,11 @@ def rerun_state(store: Store, p: Plan, run_id: str, max_attempts: int) -> ShardS
     user = p.user_id
     state = ShardState(run_id=run_id, users=[user], max_attempts=max_attempts)
     state.watermarks[user] = (p.rollback, p.done_at_rollback)
-    gone = set(p.message_ids)
     if p.rerun:
         add_sessions(store, state, user, [(s, "new", 0, None, []) for s in p.rerun])
+    # and without turns appended since the plan: `settle_appends` forgets or counts them, the next run
+    # consolidates those that stay (re-deriving one the scope names would write it back)
+    gone = set(p.message_ids) | {m["message_id"] for m in state.message_rows if m["id"] not in p.seen}
     state.message_rows = [m for m in state.message_rows if m["message_id"] not in gone]
     for s in state.sessions:
         s.messages = [m for m in s.messages if m["message_id"] not in gone]

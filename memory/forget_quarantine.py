@@ -87,9 +87,11 @@ def _dated_before(rec: dict[str, Any], p: Plan) -> bool:
 def _source_names(source: str, user: str, sessions: set[str]) -> bool:
     """Whether a quarantined turn's or session's `source` (`archive:user/session/...`, as the LoCoMo,
     LongMemEval and BEAM readers write them) names a forgotten session: the session id is a prefix of
-    the path after the user (a session id may hold a `/` itself)."""
+    the path after the user (a session id may hold a `/` itself); a LoCoMo observation's path opens with
+    `session_N_observation`, which names session `session_N`."""
     at = source.find(f":{user}/")
     if at < 0:
         return False
     parts = source[at + len(user) + 2:].split("/")
-    return any("/".join(parts[:n]) in sessions for n in range(1, len(parts) + 1))
+    prefixes = {"/".join(parts[:n]) for n in range(1, len(parts) + 1)}
+    return bool(sessions & (prefixes | {x.removesuffix("_observation") for x in prefixes}))

@@ -394,6 +394,7 @@ class IndexCache:
         on the user's next request)."""
         with self._lock:
             self._users.pop(user_id, None)
+            self._checked = float("-inf")     # the next query reads the versions the forget wrote
 
     def clear(self) -> None:
         with self._lock:

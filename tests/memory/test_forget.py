@@ -169,6 +169,22 @@ def test_a_turn_appended_during_a_partial_forget_is_consolidated_after(canary_st
     [m] = store.read("messages", "alice", where=col("message_id") == lit("alice-s2-m90")).to_pylist()
     assert m["vector"] is not None                                     # made memory by the next run
 
+    monkeypatch.setattr(memory.forget, "rederive", rederive)   # and before the re-derivation reads the turns
+    planned = memory.forget.deletions
+
+    def append_before(st: Store, p: Any) -> dict[str, set[str]]:
+        append(open_store(s), "alice", late)
+        return planned(st, p)
+
+    monkeypatch.setattr(memory.forget, "deletions", append_before)
+    late[:] = [{"session_id": "alice-s1", "message_id": "alice-s1-m91", "speaker": "Alice",
+                "text": "My gate code is EARLYCANARY67.", "timestamp": "2024-03-03T23:00:00Z"}]
+    forget(store, s, "alice", messages=["alice-s1-m01", "alice-s1-m91"])   # m91 named before it exists
+    assert store.read("messages", "alice", where=col("message_id") == lit("alice-s1-m91")).num_rows == 0
+    assert occurrences(root, "EARLYCANARY67") == 0 and occurrences(root, "earlycanary67") == 0
+    monkeypatch.setattr(memory.forget, "deletions", planned)
+    monkeypatch.setattr(memory.forget, "rederive", append_after)
+
     late[:] = [{"session_id": "alice-s3", "message_id": "alice-s3-m90", "speaker": "Alice",
                 "text": "My new PIN is LATECANARY66.", "timestamp": "2024-03-30T23:00:00Z"}]
     forget(store, s, "alice", sessions=["alice-s3"])
@@ -286,11 +302,14 @@ def test_quarantined_rows_of_forgotten_messages_and_sessions_go(canary_store: Pa
         "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I moved to Lisbon."},
                       {"speaker": "Ann", "text": "My bank PIN is LOCOCANARY27."}],
         "session_2_date_time": "2:00 pm on 9 May, 2023",   # a whole session quarantined (not a list)
-        "session_2": {"speaker": "Ann", "dia_id": "D2:1", "text": "My locker is LOCOCANARY28."}}}]))
-    ingest(store, locomo, "locomo")
+        "session_2": {"speaker": "Ann", "dia_id": "D2:1", "text": "My locker is LOCOCANARY28."}},
+        "observation": {"session_1_observation": {"Ann": [["Ann's PIN is LOCOCANARY29."]]}}}]))
+    ingest(store, locomo, "locomo", observations_as_fragments=True)
     assert occurrences(root, "LOCOCANARY27") > 0 and occurrences(root, "LOCOCANARY28") > 0
-    assert forget(store, s, "ann", sessions=["session_1", "session_2"]).deleted["quarantine"] == 2
+    assert occurrences(root, "LOCOCANARY29") > 0                      # a malformed observation of session_1
+    assert forget(store, s, "ann", sessions=["session_1", "session_2"]).deleted["quarantine"] == 3
     assert occurrences(root, "LOCOCANARY27") == 0 and occurrences(root, "LOCOCANARY28") == 0
+    assert occurrences(root, "LOCOCANARY29") == 0
 
     # a user only the quarantine knows: a named forget takes the named row, not all of the user's
     carol = tmp_path / "carol.jsonl"

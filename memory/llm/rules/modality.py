@@ -57,7 +57,7 @@ _CLAUSE_RE = re.compile(r"[.;:!?]\s|,(?!\d)")
 #: units of measure ("under 300ms", "under 5 minutes", "under 200KB" bound); another word unit is a
 #: counted thing ("under 20 concurrent requests": a condition)
 _MEASURES = frozenset({"s", "ms", "k", "x", "kb", "mb", "gb", "tb", "second", "minute", "hour", "day", "week",
-                       "month", "year"})
+                       "month", "year", "millisecond", "msec", "sec", "min", "mins", "hr", "hrs"})
 
 
 class Mode(NamedTuple):
