@@ -39,13 +39,17 @@ def register(app: FastAPI, retriever: Retriever, settings: Settings | None = Non
     def full() -> Settings:
         return settings or Settings(store=retriever.store.uri, retrieval=retriever.settings)
 
+    def run(user_id: str, **scope: Any) -> dict[str, Any]:
+        """The forget, then the user's cached index dropped (whatever the forget did before failing)."""
+        try:
+            return forget(retriever.store, full(), user_id, **scope).to_dict()
+        finally:
+            retriever.cache.evict(user_id)
+
     @app.delete("/v1/users/{user_id}")
     def forget_user(user_id: str) -> dict[str, Any]:
         """Forget the whole user: every message and everything derived from it."""
-        try:
-            return forget(retriever.store, full(), user_id).to_dict()
-        finally:
-            retriever.cache.evict(user_id)
+        return run(user_id)
 
     @app.post("/v1/users/{user_id}/forget")
     def forget_some(user_id: str, body: ForgetRequest) -> dict[str, Any]:
@@ -53,8 +57,5 @@ def register(app: FastAPI, retriever: Retriever, settings: Settings | None = Non
         if not (body.sessions or body.messages or body.before is not None):
             raise ConfigError("the body names no sessions, messages or time (`before`); to forget the "
                               f"whole user send DELETE /v1/users/{user_id}")
-        try:
-            return forget(retriever.store, full(), user_id, sessions=body.sessions, messages=body.messages,
-                          before=body.before, keep_versions=body.keep_versions).to_dict()
-        finally:
-            retriever.cache.evict(user_id)
+        return run(user_id, sessions=body.sessions, messages=body.messages, before=body.before,
+                   keep_versions=body.keep_versions)

@@ -28,7 +28,8 @@ from lancedb.expr import col
 from memory.embed import Embedder
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
-from memory.ingest.common import has_surrogate
+from memory.ingest.common import OBSERVATIONS_SCHEMA, has_surrogate
+from memory.ingest.validate import sessions_frame
 from memory.stages.load import EPOCH, add_sessions, read_progress
 from memory.stages.shard import Cluster, ShardState, active, frame
 from memory.store import Store
@@ -218,17 +219,17 @@ def session_changes(sessions: list[dict[str, Any]], keep: pl.DataFrame,
     """Of the `affected` sessions' rows: (session id, row id) of those left without a message, and the
     others' rows remade from the messages they keep (`keep`, `MESSAGE_COLUMNS`): their count, speakers
     and time, the earliest kept message's, as an ingest of them alone gives (a forgotten first
-    message's time must not stay)."""
-    left = {k[0]: g for k, g in keep.group_by(["session_id"])} if keep.height else {}
+    message's time must not stay): `sessions_frame`, which ingest makes session rows with."""
+    made = sessions_frame(keep.with_columns(user_id=pl.lit(""), archive=pl.lit(None, pl.String)),
+                          pl.DataFrame(schema=OBSERVATIONS_SCHEMA), "") if keep.height else None
+    left = {r["session_id"]: r for r in made.iter_rows(named=True)} if made is not None else {}
     gone, cut = [], {}
     for s in sessions:
         sid = s["session_id"]
         if sid in affected and sid not in left:
             gone.append((sid, s["id"]))
         elif sid in affected:
-            g = left[sid].sort("seq")
-            cut[sid] = {**s, "n_messages": g.height, "speakers": list(dict.fromkeys(g["speaker"].to_list())),
-                        "ts": g["ts"].min()}
+            cut[sid] = {**s, **{k: left[sid][k] for k in ("n_messages", "speakers", "ts")}}
     return gone, cut
 
 
