@@ -241,10 +241,11 @@ def settle_appends(store: Store, p: Plan, dels: dict[str, set[str]]) -> int:
     turns). Returns how many more messages go."""
     if p.whole_user:        # `forget.write` reads the appended tables again and deletes all
         return 0
-    now = frame(store.read("messages", p.user_id, columns=MESSAGE_COLUMNS))
-    new = now.filter(~pl.col("id").is_in(sorted(p.seen))) if now.height else now
-    if new.height == 0:
+    ids = store.read("messages", p.user_id, columns=["id"]).column("id").to_pylist()
+    if p.seen.issuperset(ids):          # the usual case: nothing appended, only the ids read
         return 0
+    now = frame(store.read("messages", p.user_id, columns=MESSAGE_COLUMNS))
+    new = now.filter(~pl.col("id").is_in(sorted(p.seen)))
     scope = Scope(p.user_id, tuple(p.named_sessions), tuple(p.named_messages), p.before)
     late = _ids(forgotten_messages(new, scope, p.message_ids))
     keep = now.filter(~pl.col("id").is_in(sorted(set(p.row_ids) | late)))
