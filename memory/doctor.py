@@ -171,9 +171,7 @@ def remake_sessions(store: Store, mismatched: list[dict[str, Any]]) -> int:
         made, rows = _session_frames(store)
         keys = pl.DataFrame(mismatched).select("user_id", "session_id")
         fresh = made.join(keys, on=["user_id", "session_id"]).drop("archive", "observed")
-        kept = rows.select("user_id", "session_id", "archive", "observed") if rows.height else \
-            pl.DataFrame(schema={"user_id": pl.String, "session_id": pl.String, "archive": pl.String,
-                                 "observed": pl.Boolean})
+        kept = rows.select("user_id", "session_id", "archive", "observed")   # (typed even when empty)
         out = fresh.join(kept, on=["user_id", "session_id"], how="left").with_columns(
             pl.col("observed").fill_null(False)).select(made.columns)
         if out.height:
@@ -185,9 +183,9 @@ def unfinished_forgets(store: Store) -> list[dict[str, Any]]:
     """{id, users, status} of forget runs not `completed` (none while no forget died or runs now)."""
     if not store.has_table("runs"):
         return []
-    rows = store.read("runs", columns=["id", "kind", "status", "users"], where=col("kind") == lit("forget"))
-    return sorted(({"id": r["id"], "users": r["users"] or [], "status": r["status"]} for r in rows.to_pylist()
-                   if r["status"] != "completed"), key=lambda r: r["id"])
+    rows = store.read("runs", columns=["id", "users", "status"],
+                      where=(col("kind") == lit("forget")) & (col("status") != lit("completed")))
+    return sorted(({**r, "users": r["users"] or []} for r in rows.to_pylist()), key=lambda r: r["id"])
 
 
 @dataclass
