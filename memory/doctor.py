@@ -115,7 +115,7 @@ def unstored_terms(store: Store, tables: list[str] | None = None) -> dict[str, i
     out: dict[str, int] = {}
     for name in _tables(store, tables):
         if name in schemas.MEMORY_TABLES.values():
-            if n := store.table(name).count_rows(f"{schemas.TERMS} IS NULL"):
+            if n := store.read(name, columns=["id"], null=schemas.TERMS).num_rows:
                 out[name] = n
     return out
 
@@ -131,9 +131,7 @@ def store_terms(store: Store, tables: list[str] | None = None) -> dict[str, int]
     for name in _tables(store, tables):
         while name in schemas.MEMORY_TABLES.values():
             with store.write_lease():
-                tbl = store.table(name)
-                tbl.checkout_latest()
-                rows = tbl.search().where(f"{schemas.TERMS} IS NULL").limit(TERMS_BATCH).to_arrow()
+                rows = store.read(name, null=schemas.TERMS, limit=TERMS_BATCH)
                 if rows.num_rows:
                     store.upsert(name, rows)
             if not rows.num_rows:

@@ -383,12 +383,14 @@ class RollbackView(Store):
         self.dead = set().union(*hidden.values()) if hidden else set()
 
     def read(self, name: str, user_id: str | None = None, *, columns: list[str] | None = None,
-             where: Any = None, version: int | None = None) -> pa.Table:
+             where: Any = None, version: int | None = None, null: str | None = None,
+             limit: int | None = None) -> pa.Table:
         hide = self.hidden.get(name, set())
         cols = columns if columns is None or "id" in columns or not hide else columns + ["id"]
-        t = super().read(name, user_id, columns=cols, where=where, version=version)
+        t = super().read(name, user_id, columns=cols, where=where, version=version, null=null,
+                         limit=None if hide else limit)
         if hide and t.num_rows:
-            t = t.filter(pc.invert(pc.is_in(t.column("id"), value_set=pa.array(sorted(hide)))))
+            t = t.filter(pc.invert(pc.is_in(t.column("id"), value_set=pa.array(sorted(hide)))))[:limit]
         if cols is not columns and columns is not None:
             t = t.select(columns)
         if name in ("fragments", "insights") and self.dead and t.num_rows:

@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+from lancedb.expr import col, lit
+
 from memory.forget_plan import Plan
 from memory.ingest.common import STAGE as INGEST, parse_time
 from memory.store import Store
@@ -55,9 +57,7 @@ def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]
 
 def unowned(store: Store, user: str) -> list[dict[str, Any]]:
     """Ingest quarantine rows stored without a user whose raw text names `user` as its user id."""
-    tbl = store.table("quarantine")
-    tbl.checkout_latest()
-    rows = tbl.search().where(f"user_id IS NULL AND stage = '{INGEST}'").select(COLUMNS).limit(None).to_arrow()
+    rows = store.read("quarantine", columns=COLUMNS, where=col("stage") == lit(INGEST), null="user_id")
     named = re.compile(r'"user_id"\s*:\s*"' + re.escape(user) + '"')
     return [r for r in rows.to_pylist() if named.search(r["raw"] or "")]
 

@@ -306,11 +306,14 @@ class Store:
         columns: list[str] | None = None,
         where: Expr | None = None,
         version: int | None = None,
+        null: str | None = None,
+        limit: int | None = None,
     ) -> pa.Table:
         """Rows of one table, scoped to one user when `user_id` is given; as they were at table
         version `version` when given (0: the table did not exist then), else at the latest; a column
         added since that version (an older mnemo wrote it) is read as nulls. `columns` may name the
-        virtual `_rowaddr` / `_rowid`."""
+        virtual `_rowaddr` / `_rowid`; `null` keeps the rows where that column is null, `limit` the
+        first rows."""
         if version == 0 or not self.has_table(name):
             return self._empty(name, columns)
         if version is None:
@@ -322,21 +325,24 @@ class Store:
             have = set(tbl.schema.names) | set(VIRTUAL_COLUMNS) if columns else set()
             if absent := [c for c in columns or () if c not in have]:
                 t = self.read(name, user_id, columns=[c for c in columns or () if c in have], where=where,
-                              version=version)
+                              version=version, null=null, limit=limit)
                 nulls = {c: pa.nulls(t.num_rows, schemas.schema_for(name, self.dim).field(c).type) for c in absent}
                 return pa.table({c: nulls[c] if c in nulls else t.column(c) for c in columns or ()})
         cond = user_filter(user_id) if user_id is not None else None
         if where is not None:
             cond = where if cond is None else (cond & where)
         q = tbl.search()
-        if cond is not None:
+        if null is not None:   # `lancedb.expr` has no null test; the name is checked against the schema
+            is_null = f"{schemas.schema_for(name, self.dim).field(null).name} IS NULL"
+            q = q.where(is_null if cond is None else f"({cond.to_sql()}) AND {is_null}")
+        elif cond is not None:
             q = q.where(cond)
         if columns is not None:
             q = q.select(columns)
         if version is None:
-            return q.limit(None).to_arrow()
+            return q.limit(limit).to_arrow()
         try:
-            return q.limit(None).to_arrow()
+            return q.limit(limit).to_arrow()
         except Exception as exc:   # its files were cleaned up under a cached handle (a purge, a compaction)
             with self._lock:
                 self._pinned.pop((name, int(version)), None)
@@ -391,8 +397,6 @@ class Store:
         if not self.has_table(name):
             return {}
         t = self.read(name, columns=["user_id"])
-        if t.num_rows == 0:
-            return {}
         vc = pc.value_counts(t.column("user_id")).to_pylist()
         return {d["values"]: d["counts"] for d in vc}
 
@@ -412,7 +416,5 @@ def _dedupe_last(table: pa.Table) -> pa.Table:
     ids = table.column("id").to_pylist()
     if len(set(ids)) == len(ids):
         return table
-    last: dict[str, int] = {}
-    for i, key in enumerate(ids):
-        last[key] = i
+    last = {key: i for i, key in enumerate(ids)}
     return table.take(sorted(last.values()))
