@@ -39,6 +39,7 @@ from memory.errors import StoreError, VersionGoneError
 from memory.ids import validate_user_id
 from memory.store import Store
 from memory.terms import message_text
+from retrieval.forgotten import ForgetWatch
 from retrieval.lexical import BM25Index, warm
 
 log = logging.getLogger(__name__)
@@ -300,8 +301,10 @@ class IndexCache:
         self._lock = threading.Lock()              # the dict, the snapshot
         self._check_lock = threading.Lock()        # one thread reads the versions at a time
         self._building: dict[str, list[Any]] = {}  # user -> [lock, waiters]: one build per user
+        self._forgets = ForgetWatch(store)         # users forgotten by any process leave the cache
         try:                  # open the tables now, not in the first query (a sixth of a cold one)
             self.versions()   # the first query still reads the versions afresh
+            self._forgets.touched()
         except StoreError as exc:
             log.warning("could not open the store's tables yet (%s): the first query will", exc)
 
@@ -322,10 +325,14 @@ class IndexCache:
                 if not force and self._versions is not None and now - self._checked < self.refresh_s:
                     return self._versions
             current = self.versions()
+            moved = self._versions is not None and current != self._versions
+            gone = self._forgets.touched() if moved else set()
             with self._lock:
-                if self._versions is not None and current != self._versions:
+                if moved:
                     log.debug("tables moved %s -> %s: users are checked on their next request",
                               self._versions, current)
+                for user in gone:      # forgotten elsewhere: their texts leave memory now
+                    self._users.pop(user, None)
                 self._versions, self._checked = current, now
                 return current
 

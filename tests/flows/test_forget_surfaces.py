@@ -82,3 +82,15 @@ def test_http_forget_routes(sample_store: Store, embedder: Embedder,
         with run_lease_held(sample_store.uri):
             busy = c.delete("/v1/users/alice")
         assert busy.status_code == 409 and "in progress" in busy.json()["detail"]
+
+
+def test_a_forget_elsewhere_drops_the_users_from_a_running_cache(sample_store: Store, embedder: Embedder) -> None:
+    settings = Settings(store=sample_store.uri, retrieval=RetrievalSettings(refresh_ms=0))
+    r = Retriever(sample_store, settings, embedder=embedder)
+    for user in ("alice", "bob"):
+        assert r.retrieve(user, "What guitar did Alice buy?", k=5).items
+    assert set(r.cache.cached()) == {"alice", "bob"}
+    out = invoke("--store", sample_store.uri, "forget", "bob")     # its own store handle, as another process
+    assert out.exit_code == 0, out.output
+    assert r.retrieve("alice", "What guitar did Alice buy?", k=5).items   # any request checks the store
+    assert r.cache.cached() == ["alice"]     # bob's texts left this cache without a request of bob's
