@@ -46,6 +46,8 @@ __all__ = ["Validity", "validity_of", "order_current", "annotate", "asks_history
 MAX_CHAIN = 16
 #: a current version is pulled above a memory when cos(query, it) >= cos(query, memory) - this
 RELEVANCE_MARGIN = 0.0
+#: float32 noise between two products giving one cosine (a row against itself must pass its own floor)
+SIM_TOLERANCE = 1e-5
 #: a newer version is pulled in from outside the result only for a replaced memory in this top share
 #: of the k (what is pulled in pushes the tail out; a replaced memory at the tail is marginal)
 PULL_DEPTH = 0.5
@@ -225,7 +227,7 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
         return None
     sims = index.z[np.asarray(rows, dtype=np.int64)] @ vec
     best = int(np.argmax(sims))
-    if not closed and sims[best] < min(row_sim - RELEVANCE_MARGIN, floor):
+    if not closed and sims[best] < min(row_sim - RELEVANCE_MARGIN, floor) - SIM_TOLERANCE:
         return None
     return rows[best]
 

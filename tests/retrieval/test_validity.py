@@ -15,7 +15,7 @@ from memory.settings import RetrievalSettings
 from memory.store import Store
 from retrieval.context import build_context
 from retrieval.retriever import Retriever
-from retrieval.validity import asks_history, order_current
+from retrieval.validity import asks_history, order_current, replacement, validity_of
 from tests.helpers import store_embedded
 
 USER = "erin"
@@ -228,3 +228,18 @@ def test_a_pulled_in_version_pushes_the_last_row_out(validity_store: Store, embe
     scores = (idx.z[rows] @ vec).astype(np.float32)
     plain, _, _ = order_current(idx, rows, scores, vec, 3)
     assert plain.tolist() == [row["f3"], row["f0"], row["msg-x0"]]          # pulled in, the last cut
+
+
+def test_a_newer_version_passes_a_floor_that_is_its_own_cosine(validity_store: Store, embedder: Embedder) -> None:
+    """The floor is the result's least similar cosine, computed by another matrix product than the
+    candidate's; when that least similar item is the newer version itself, float32 noise must not
+    make it fail its own floor (the replaced value stayed first)."""
+    r = _retriever(validity_store, embedder, True)
+    index = r.cache.get(USER)
+    row_of = index.row_of_id()
+    vec = embedder.embed(["What is my monthly rent?"])[0]
+    v = validity_of(index)
+    best = float((index.z[[row_of["f3"], row_of["msg-m3"]]] @ vec).max())   # the candidates: f3 and its turn
+    noisy = float(np.nextafter(np.float32(best), np.float32(2)))      # one float32 step above
+    got = replacement(index, v, row_of["msg-m0"], vec, "msg-m0", ["m0"], row_of, row_sim=1.0, floor=noisy)
+    assert got is not None and index.meta.column("source_ids")[got].as_py() == ["m3"]
