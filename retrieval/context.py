@@ -2,7 +2,9 @@
 its date, kind and key, within a token budget.
 
 Tokens are approximated without a tokenizer as ceil(words × 1.3) (English BPE averages about 1.3
-tokens per word); the budget is filled in rank order (the best items survive a tight budget),
+tokens per word), plus a token per character of a script written without spaces (Chinese, Japanese,
+Thai...) and per 4 characters of a word over 12 (a URL, a hash), which would otherwise count as one
+word and overrun the budget many times; the budget is filled in rank order (the best items survive a tight budget),
 then the chosen items are printed oldest first so the model reads the history as it happened.
 
 Validity (retrieval.validity): a current memory that replaced older ones reads "X, since DATE
@@ -18,6 +20,12 @@ from typing import Any, Iterable, Protocol
 from memory.read import PROFILE_KEY
 
 TOKENS_PER_WORD = 1.3
+#: a word longer than this counts a token more per `CHARS_PER_TOKEN` characters beyond it
+LONG_WORD, CHARS_PER_TOKEN = 12, 4
+#: characters of scripts written without spaces between words: about a token each
+_UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u3040-\u30ff"
+                       "\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+                       "\U00020000-\U0003134f]")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
@@ -30,8 +38,14 @@ class _Item(Protocol):
 
 
 def approx_tokens(text: str) -> int:
-    """Tokenizer-free estimate: words × 1.3, rounded up."""
-    return math.ceil(len(text.split()) * TOKENS_PER_WORD)
+    """Tokenizer-free estimate, rounded up: words × 1.3, long words and unspaced scripts by length
+    (see the module doc)."""
+    total = 0.0
+    for word in text.split():
+        wide = 0 if word.isascii() else len(_UNSPACED.findall(word))
+        rest = len(word) - wide
+        total += wide + (TOKENS_PER_WORD + max(0, rest - LONG_WORD) / CHARS_PER_TOKEN if rest else 0)
+    return math.ceil(total)
 
 
 def sort_key(item: _Item) -> tuple[str, str]:

@@ -248,6 +248,23 @@ def test_context_is_chronological_and_budgeted(retriever: Retriever) -> None:
     assert build_context([], 100) == ""
 
 
+def test_the_budget_counts_unspaced_scripts_and_long_words() -> None:
+    """English keeps words × 1.3; a Chinese sentence (no spaces) or a long URL counts by its length,
+    so a context of such text keeps within its budget."""
+    assert approx_tokens("I bought a red guitar yesterday") == 8
+    zh = "我昨天在音乐店买了一把红色的吉他"          # 16 characters, one 'word'
+    assert approx_tokens(zh) == 16
+    assert approx_tokens("https://example.com/" + "a" * 400) >= 100
+    assert approx_tokens("東京 trip") == 2 + 2
+
+    class Item:
+        def __init__(self, i: int) -> None:
+            self.id, self.kind, self.key, self.date, self.ts = f"m{i}", "message", None, f"2024-01-{i + 1:02d}", None
+            self.text = zh * 10
+    text = build_context([Item(i) for i in range(5)], 400)
+    assert 0 < approx_tokens(text) <= 400 and text.count(zh * 10) == 2
+
+
 def test_citation_prompt_and_parser(retriever: Retriever) -> None:
     res = retriever.retrieve("alice", "What is my dog called?", k=3, strategy="hybrid")
     turns = retriever.turns("alice", [s for it in res.items for s in it.source_ids])
