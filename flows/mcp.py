@@ -80,7 +80,7 @@ def build_server(retriever: Retriever) -> MCPServer:
         with as_tool_error():
             check_query(query)
             res = retriever.retrieve(user_id, query, k=k)
-            text, shown = res.context_shown(settings.context_tokens if max_tokens is None else max_tokens)
+            text, shown = res.context_shown(max_tokens)
         return {"user_id": res.user_id, "context": text, "item_ids": shown}
 
     @server.tool()

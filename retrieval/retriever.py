@@ -20,7 +20,7 @@ from memory.ids import validate_user_id
 from memory.schemas import MEMORY_TABLES
 from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
-from retrieval.context import build_context, fit_context
+from retrieval.context import fit_context
 from retrieval.feedback import FeedbackLog
 from retrieval.index import IndexCache, UserIndex
 from retrieval.instructions import pin_instruction
@@ -107,17 +107,21 @@ class RetrievalResult:
     profile: RetrievedItem | None = None
     #: no item cites only messages that items above it already cite (the hybrid strategies, the walk)
     deduped: bool = False
+    #: the token budget of `context()` when it is given none (`RetrievalSettings.context_tokens`)
+    context_tokens: int = 1500
 
     @property
     def ids(self) -> list[str]:
         return [it.id for it in self.items]
 
-    def context(self, max_tokens: int = 1500) -> str:
-        """Prompt-ready memory text: chronological, dated, within `max_tokens` (see context.py)."""
-        return build_context(self.items, max_tokens=max_tokens, profile=self.profile)
+    def context(self, max_tokens: int | None = None) -> str:
+        """Prompt-ready memory text: chronological, dated, within `max_tokens` (None: the setting
+        `context_tokens`; see context.py)."""
+        return self.context_shown(max_tokens)[0]
 
-    def context_shown(self, max_tokens: int = 1500) -> tuple[str, list[str]]:
+    def context_shown(self, max_tokens: int | None = None) -> tuple[str, list[str]]:
         """`context()` and the ids of the memories it shows (not those cut by the budget)."""
+        max_tokens = self.context_tokens if max_tokens is None else max_tokens
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}", max_tokens=max_tokens)
         return fit_context(self.items, max_tokens=max_tokens, profile=self.profile)
@@ -226,7 +230,8 @@ class Retriever:
         start = time.perf_counter()
         index = self.cache.get(user_id)
         timings["load_ms"] = (time.perf_counter() - start) * 1000
-        result = RetrievalResult(user_id=user_id, query=text, strategy=name, k=k)
+        result = RetrievalResult(user_id=user_id, query=text, strategy=name, k=k,
+                                 context_tokens=self.settings.context_tokens)
         if index.size == 0:
             timings["retrieve_ms"] = (time.perf_counter() - start) * 1000
             result.signals = {"memories": 0, "timings": _round(timings)}

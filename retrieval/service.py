@@ -141,7 +141,7 @@ def create_app(retriever: Retriever) -> FastAPI:
     def context(user_id: str, body: ContextRequest) -> dict[str, Any]:
         """Prompt-ready context: retrieved memories, chronological, dated, within max_tokens."""
         res = _run(user_id, body)
-        text, shown = res.context_shown(max_tokens=body.max_tokens or settings.context_tokens)
+        text, shown = res.context_shown(body.max_tokens)
         return {"user_id": res.user_id, "strategy": res.strategy, "route": res.route,
                 "context": text, "item_ids": shown, "signals": res.signals}
 

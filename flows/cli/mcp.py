@@ -26,7 +26,7 @@ def mcp(
     if transport not in TRANSPORTS:
         raise ConfigError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
     settings = settings_of(ctx)
-    r = open_retriever(settings)
+    r = open_retriever(settings, serving=True)
     configure_writes(r, settings)   # a refused append waits write_wait_s, not the library's 30 s
     run(r, "http" if transport == "http" else "stdio", host or settings.retrieval.host, port or 8766)
 

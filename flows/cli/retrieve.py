@@ -6,22 +6,34 @@ The retriever opens the store of the root settings with their `retrieval` sectio
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from flows.cli.context import settings_of
+from flows.cli.context import existing_store, settings_of
 from memory.errors import ConfigError
+from memory.ids import validate_user_id
 from memory.settings import Settings
 
 if TYPE_CHECKING:
     from retrieval.retriever import Retriever
 
+log = logging.getLogger(__name__)
 
-def open_retriever(settings: Settings) -> "Retriever":
-    """The retriever of these settings (their store and `retrieval` section)."""
+
+def open_retriever(settings: Settings, *, serving: bool = False) -> "Retriever":
+    """The retriever of these settings (their store and `retrieval` section). A local path holding
+    no store is refused (a mistyped --store would answer "no memories" forever), except for a
+    service (`serving`), which may start empty and be filled by appends: it warns."""
     from retrieval.retriever import Retriever
 
+    if not serving:
+        existing_store(settings)
+    elif "://" not in settings.store and not Path(settings.store).exists():
+        log.warning("no store at %s yet: serving an empty one (appends fill it); check --store / MNEMO_STORE "
+                    "if one was meant to be there", settings.store)
     return Retriever.open(settings.store, settings)
 
 
@@ -34,9 +46,11 @@ def retrieve(
                                            "rfmem | hybrid | rfmem-hybrid | calibrated | walk | hybrid-walk | "
                                            "rfmem-walk | rfmem-hybrid-walk [default: MNEMO_RETRIEVAL_DEFAULT_STRATEGY]"),
     as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON"),
-    max_tokens: int = typer.Option(1500, "--max-tokens", help="token budget of the printed context"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="token budget of the printed "
+                                             "context [default: MNEMO_RETRIEVAL_CONTEXT_TOKENS, 1500]"),
 ) -> None:
     """Retrieve one user's memories for a query and print them (or their context)."""
+    user = validate_user_id(user)          # a bad id is the first error, before a missing store
     res = open_retriever(settings_of(ctx)).retrieve(user, query, k=k, strategy=strategy)
     if as_json:
         typer.echo(json.dumps(res.to_dict(), indent=2, default=str))
@@ -60,7 +74,7 @@ def serve(
 
     base = settings_of(ctx)
     settings = base.model_copy(update={"retrieval": base.retrieval.with_overrides(host=host, port=port)})
-    r = open_retriever(settings)
+    r = open_retriever(settings, serving=True)
     run(r, settings.retrieval.host, settings.retrieval.port, settings)
 
 

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from memory.settings import Settings
+from memory.store import Store
 from tests.helpers import REPO, SAMPLE
 
 #: every command `mnemo` must offer (README, "Commands"), and every `mnemo bench` subcommand
@@ -57,7 +58,7 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("profile", "alice\n"), "invalid user id"),
     (("retrieve", "alice\n", "my dog"), "invalid user id"),
     (("graph", "../etc", "--html", "{tmp}/g.html"), "invalid user id"),
-    (("retrieve", "alice", "my dog", "--strategy", "nope"), "unknown retrieval strategy: 'nope'"),
+    (("retrieve", "alice", "my dog"), "no store at {tmp}/store"),   # not "0 items" on a mistyped path
     (("consolidate", "--engine", "nope"), "unknown engine 'nope'"),
     (("bench", "locomo", "{tmp}/missing.json", "--extraction", "nope"), "unknown extraction 'nope'"),
     (("bench", "beam-anchors", "{tmp}"), "holds no SCALE/N/chat.json folder"),
@@ -68,6 +69,7 @@ def test_a_missing_command_module_is_an_import_error() -> None:
     (("doctor",), "no store at {tmp}/store"),
     (("stats",), "no store at {tmp}/store"),
     (("profile", "alice"), "no store at {tmp}/store"),
+    (("train-reranker",), "no store at {tmp}/store"),
 ])
 def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = invoke("--store", str(tmp_path / "store"), *(a.format(tmp=tmp_path) for a in args))
@@ -75,8 +77,14 @@ def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, 
     assert isinstance(out.exception, SystemExit)
     assert out.stderr.startswith("error: ") and message.format(tmp=tmp_path) in out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
-    if args[0] in ("consolidate", "ingest", "forget", "doctor", "stats", "profile"):
+    if args[0] in ("consolidate", "ingest", "forget", "doctor", "stats", "profile", "retrieve", "train-reranker"):
         assert not (tmp_path / "store").exists()             # nothing made for a mistyped store or archive
+
+
+def test_an_unknown_strategy_on_a_store_is_exit_2(tmp_path: Path) -> None:
+    Store(str(tmp_path / "store"))
+    out = invoke("--store", str(tmp_path / "store"), "retrieve", "alice", "my dog", "--strategy", "nope")
+    assert out.exit_code == 2 and "unknown retrieval strategy: 'nope'" in out.stderr, out.output
 
 
 @pytest.mark.parametrize("variable, value, where", [("MNEMO_THETA", "abc", "theta"),
@@ -205,7 +213,8 @@ def test_serve_flags_override_the_retrieval_section(monkeypatch: pytest.MonkeyPa
     opened: list[Settings] = []
     served: list[tuple[object, str, int]] = []
 
-    def open_retriever(settings: Settings) -> object:
+    def open_retriever(settings: Settings, *, serving: bool = False) -> object:
+        assert serving            # a service may start on an empty store (appends fill it)
         opened.append(settings)
         return "retriever"
 

@@ -343,3 +343,12 @@ def test_a_purged_snapshot_is_read_again_a_few_times(store: Store, monkeypatch: 
     with pytest.raises(VersionGoneError):
         index_module.IndexCache(store).get("alice")
     assert calls["n"] == index_module.GONE_RETRIES
+
+
+def test_context_without_a_budget_uses_the_setting(store: Store, embedder: Embedder) -> None:
+    """`res.context()` (and `mnemo retrieve`) take `context_tokens` when given no budget, as the HTTP
+    and MCP routes do: one query, one context, whatever the surface."""
+    r = Retriever(store, RetrievalSettings(context_tokens=40), embedder)
+    res = r.retrieve("alice", "pets and hobbies", k=8, strategy="familiarity")
+    assert res.context() == res.context(max_tokens=40) != res.context(max_tokens=2000)
+    assert approx_tokens(res.context()) <= 40
