@@ -1,4 +1,5 @@
-"""What kind of value a number states, for the `rules` supersede decision (rules-supersede-v9): a
+"""What kind of value a number states, for the `rules` supersede decision (rules-supersede-v9; v10 reads
+units of measure from the one table of `memory.llm.rules.units`): a
 measured or set value ("the API responds in 220ms"), a target or bound ("ensure it is under 300ms",
 "aiming for 85% coverage", "a $500 budget"), a change by an amount ("reduced it by 12MB"), or a
 measurement's condition ("120ms under 20 concurrent requests").
@@ -29,6 +30,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from memory.llm.rules.units import MEASURES
+
 __all__ = ["GOAL_WORDS", "Mode", "mode"]
 
 #: words before a number (in its clause) that a goal word must fall within (a quantity's context window)
@@ -54,10 +57,6 @@ _DELTA_RE = re.compile(rf"\bby\s+{_APPROX}$", re.IGNORECASE)
 #: a currency sign or a tilde right before the number ("under $300", "by ~12MB")
 _SIGN_RE = re.compile(r"[$€£~]\s*$")
 _CLAUSE_RE = re.compile(r"[.;:!?]\s|,(?!\d)")
-#: units of measure ("under 300ms", "under 5 minutes", "under 200KB" bound); another word unit is a
-#: counted thing ("under 20 concurrent requests": a condition)
-_MEASURES = frozenset({"s", "ms", "k", "x", "kb", "mb", "gb", "tb", "second", "minute", "hour", "day", "week",
-                       "month", "year", "millisecond", "msec", "sec", "min", "mins", "hr", "hrs"})
 
 
 class Mode(NamedTuple):
@@ -76,7 +75,7 @@ def mode(prefix: str, rest: str, unit: str) -> Mode:
     prefix = _SIGN_RE.sub("", prefix)
     words = prefix.split()
     last = words[-1].lower() if words else ""
-    condition = last == "across" or (last == "under" and unit.isalpha() and unit not in _MEASURES)
+    condition = last == "across" or (last == "under" and unit.isalpha() and unit not in MEASURES)
     before = prefix.rstrip() + " "
     clause = _CLAUSE_RE.split(prefix)[-1]
     preposition = _PREPOSITION_RE.search(before) and not _RAISED_RE.search(clause.rstrip() + " ")

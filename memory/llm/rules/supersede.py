@@ -16,10 +16,13 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   and clock times (``4:30 PM``) are quantities of their own kind, compared only with their kind
   (their month names left out of the context). Numbers of different things are common, so a
   unitless number, a date or a time only updates when the newer statement says it changed: a change
-  cue among the `CUE_WORDS` words before it (``rescheduled to March 22 at 4:30 PM``, ``the new April
-  25 deadline``, ``has increased to 7``), or a change verb whose object runs up to a ``to`` right
-  before the value, however long (``adjust the deadline for my Instagram automation prototype to
-  April 5``; not the ``to`` of a range or a bound: ``from 7 to 9 PM``, ``up to 40``); a number with
+  cue among the `CUE_WORDS` words before it (``has increased to 7``), or a change verb whose object
+  runs up to a ``to`` right before the value, however long (`memory.llm.rules.cues`). A date or a
+  time moves only on a reschedule cue (v10: ``rescheduled to March 22 at 4:30 PM``, ``the new April
+  25 deadline``, ``extended through July 19``, ``adjust the deadline for my prototype to April 5``;
+  not ``reached 4,700 words by May 13`` or ``switched to Scrivener on May 5``), the cue reaching the
+  first value after it, and a date of a past event (``used the Hemingway Editor on July 15``) is
+  history, replaced by none. A number with
   a unit (``52 sources``) needs none, but an uncued one changes only between statements at a text
   cosine of at least `QUANTITY_SIM` (v9: two timeouts, two latencies of different things), and a
   span of time's unit word (``seconds``, ``days``) is then no shared context word (v9: ``heartbeat
@@ -31,13 +34,17 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   values, the measurements they condition are two facts, not an update, changed or not (``120ms
   under 20 concurrent requests`` / ``dropped to 210ms under 300 concurrent requests``; ``120ms``
   under both loads alike); a condition alone that changes is an update.
-  Years, version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``) and ratios (``8/10``, ``2:1``)
-  are not quantities.
+  Years (``1990-2020 Montserrat cinema``), version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``),
+  ratios (``8/10``, ``2:1``) and, v10, identifiers (``502 Bad Gateway``, ``port 5000``, ``PostgreSQL
+  14``: `memory.llm.rules.nonvalues`) are not quantities; a number in the clause of a help request or
+  a worked example (``can you help me calculate the area of a triangle with a base of 10 inches``) is
+  an exercise's, compared with none. Units are read through one table of spellings
+  (`memory.llm.rules.units`: ``300 milliseconds`` is ``300ms``).
 * **restatements** — a newer fragment whose changed values are exactly those the older one
   replaced (the history: the fragments the older one closed, the turns it names in
   ``replaces_sources``) restates the old state and does not replace the current value (``100
   requests/minute`` again after ``100`` → ``120``), unless it says the value went back (``back to``,
-  ``reverted``) or says right at the number that it is new (a change cue among the `STATED_WORDS`
+  ``reverted``) or says right at the number that it is new (a change cue among the `cues.STATED_WORDS`
   words before it, or a change verb's ``to``: ``is now 100``, ``lowered the limit to 100``). The
   callers give `decide` that history (`turns.History`), which then says ``restatement``.
 * **named values** — at a text cosine of at least `NAMED_SIM`, a newer fragment with a replacement
@@ -46,13 +53,13 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   ``switched from Flask to FastAPI``), **updates** it (``now uses PostgreSQL`` after ``uses
   SQLite``): `memory.llm.rules.named`. A name inside quotes is a quotation, not a value (``now getting
   a "Rate limit exceeded" error``), and a month or a weekday is no name.
-* **contradictions** — a newer fragment that negates an experience or state for all time
-  (``never``, ``haven't ever``, ``not yet``) of which an older fragment states the opposite
-  (sharing at least `MIN_SHARED` of the words after the negation, past verbs included: ``never
-  submitted my cover letter`` / ``submitted my cover letter``; not negated there, a negation within
-  `NEG_WORDS` words before them, while ``I'm not sure how`` elsewhere does not count) is a
-  **contradiction**, not an update: both stay current and context flags them so the answering model
-  can ask.
+* **contradictions** — a newer fragment that denies for all time (``never``, ``haven't ever``,
+  ``not yet``) what an older one states, sharing at least `MIN_SHARED` of the words after the
+  denial (``never submitted my cover letter`` / ``submitted my cover letter``), is a
+  **contradiction**, not an update: both stay current and context flags them so the answering
+  model can ask; not when the denial is scoped to a time the statement does not share (``never ...
+  in 2023`` / ``... in 2018``). An older denial that the newer fragment fulfils (``not yet``, or it
+  says it happened lately: ``finally``, ``yesterday``) is an **update** (v10; `memory.llm.rules.negation`).
 
 Only statements are compared (`is_statement`: no code, headings or list labels), and never two
 fragments of one message. Everything else is neither. The rule reads only the two fragments'
@@ -66,52 +73,34 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
+from memory.llm.rules.cues import CUE_WORDS, cue, past_event, reverts
 from memory.llm.rules.modality import mode
 from memory.llm.rules.named import named_change, subject_names
+from memory.llm.rules.negation import negation, says_never
+from memory.llm.rules.nonvalues import identifier, in_request
+from memory.llm.rules.units import MEASURES, SPANS, unit_of
 from memory.text import content_tokens, is_content, looks_like_code
 
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
            "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED", "QUANTITY_SIM"]
 
 # v7: code lines, no assistant fragment; v8: a quoted name is no value; v9: quantity identity, targets
-# and deltas apart, the named-value rule tightened (an audit of v8's decisions: 21% right)
-SUPERSEDE_VERSION = "rules-supersede-v9"
+# and deltas apart, the named-value rule tightened (an audit of v8's decisions: 21% right); v10: dates
+# move only on reschedule cues, past events' dates are history, identifiers and exercise numbers are no
+# quantities, one table of unit spellings
+SUPERSEDE_VERSION = "rules-supersede-v10"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
 MIN_SHARED = 2
-#: words before a changed value that a change cue must fall within (a name's: `named.NAME_WORDS`)
-CUE_WORDS = 8
 #: text cosine under which a number with no change cue before it changes no other statement's
 QUANTITY_SIM = 0.5
-#: words before a shared word in which a negation makes the statement negated too
-NEG_WORDS = 2
 #: words a fragment needs to be a statement (shorter ones are labels and headings)
 MIN_WORDS = 6
 
 _NUM_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|percent\b|ms\b|s\b|k\b|x\b|"
                      r"[A-Za-z][A-Za-z\-]*)?")
 _VERSION_RE = re.compile(r"\bv?\d+\.\d+\.\d+\b|\bv\d+(?:\.\d+)?\b")
-_CHANGE_RE = re.compile(r"\b(?:now|no\s+longer|anymore|switched|switching|changed|moved|instead|"
-                        r"replaced|updated?|new|recently|increased|decreased|extended|reduced|reached|"
-                        r"improved|grown|grew|dropped|raised|lowered|rescheduled|postponed|pushed\s+back|"
-                        r"adjusted|revised|shifted|expanded|upgraded|these\s+days|"
-                        # the verbs of a change under way: "trying to adjust the deadline to April 5"
-                        r"adjust(?:ing)?|chang(?:e|ing)|mov(?:e|ing)|reschedul(?:e|ing)|postpon(?:e|ing)|"
-                        r"extend(?:ing)?|switch(?:ing)?|updating|shift(?:ing)?)\b", re.IGNORECASE)
-_CHANGE_VERBS = (r"adjust(?:s|ed|ing)?|chang(?:e|es|ed|ing)|mov(?:e|es|ed|ing)|reschedul(?:e|es|ed|ing)|"
-                 r"postpon(?:e|es|ed|ing)|extend(?:s|ed|ing)?|switch(?:es|ed|ing)?|shift(?:s|ed|ing)?|"
-                 r"updat(?:e|es|ed|ing)|increas(?:e|es|ed|ing)|decreas(?:e|es|ed|ing)|rais(?:e|es|ed|ing)|"
-                 r"lower(?:s|ed|ing)?|reduc(?:e|es|ed|ing)|push(?:es|ed|ing)?|bump(?:s|ed|ing)?")
-#: a change verb whose object runs up to "to" right before the value, the cue however far back in its
-#: clause: "adjust the deadline for my Instagram automation prototype to April 5"
-_CHANGE_TO_RE = re.compile(rf"\b(?:{_CHANGE_VERBS})\b[^.,;:!?]{{0,80}}\bto\s*$", re.IGNORECASE)
-#: a "to" that closes a range or a bound, not a change: "from 7 to 9 PM", "from May 2 to May 6", "up to 40"
-_RANGE_TO_RE = re.compile(r"(?:\bfrom\s+\S+(?:\s+\S+)?|\bup)\s+to\s*$", re.IGNORECASE)
-#: words saying a value goes back to an earlier one: a restatement of it is then a real change
-_REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|revert(?:s|ed|ing)?|returned\s+to|restored?)\b", re.IGNORECASE)
-#: words right before a number (`STATED_WORDS`) that say it is a new value: "is now 100", "lowered it to 100"
-STATED_WORDS = 3
 _MONTHS = {m: i + 1 for i, ms in enumerate(("january jan", "february feb", "march mar", "april apr", "may",
                                              "june jun", "july jul", "august aug", "september sep sept",
                                              "october oct", "november nov", "december dec"))
@@ -123,9 +112,6 @@ _DATE_RE = re.compile(rf"\b(?:({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?(?:\s*[
 _TIME_RE = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s*([ap])\.?m\b\.?", re.IGNORECASE)
 _RANGE_RE = re.compile(r"\s*(?:to|-|\u2013)\s*(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|[A-Za-z][A-Za-z\-]*)")
 _RATIO_RE = re.compile(r"\b\d+\s*[/:]\s*\d+\b")
-_NEVER_RE = re.compile(r"\b(?:never|not\s+yet|haven't\s+(?:ever|yet)|has\s+not\s+ever|hasn't\s+(?:ever|yet)|"
-                       r"not\s+ever|no\s+experience)\b", re.IGNORECASE)
-_NEG_ANY_RE = re.compile(r"\b(?:never|not|no|n't|haven't|hasn't|didn't|don't|doesn't)\b", re.IGNORECASE)
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
 #: a rate's period right after its unit ("words/day", "hours per week", "calls a day")
 _PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|year|hour|minute|session)s?\b",
@@ -133,12 +119,8 @@ _PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|ye
 #: a rate's period said as an adjective near it ("my weekly word count ... 1,500 words")
 _PERIODS = {"daily": "day", "weekly": "week", "monthly": "month", "yearly": "year", "annual": "year",
             "annually": "year", "hourly": "hour", "nightly": "day"}
-_UNIT_ALIASES = {"percent": "%", "%": "%", "ms": "ms", "s": "s", "k": "k", "x": "x",
-                 **{u: u for u in ("kb", "mb", "gb", "tb")}}    # sizes: too short for a content word
-#: units of time, which the content-word filter drops (``6 weeks`` is not a unitless 6)
-_MEASURES = {w + s: w for w in ("second", "minute", "hour", "day", "week", "month", "year") for s in ("", "s")}
 #: a span of time's unit words, stemmed or not: shared by every two spans, they say nothing of what is timed
-_SPAN_WORDS = {w: {w, w + "s", _STEM_RE.sub("", w + "s")} for w in set(_MEASURES.values())}
+_SPAN_WORDS = {w: {w, w + "s", _STEM_RE.sub("", w + "s")} for w in SPANS}
 _NUMBER_WORDS = frozenset("""user users the a an and or of to in on at by for with from is are was were has have
 been be it its this that which who as than then about around approximately roughly over under up down
 only just also now recently already after before since until during per into onto across through
@@ -168,6 +150,10 @@ class Quantity:
     delta: bool = False
     #: the statement says right at the number that it is a new value ("is now 100", "lowered it to 100")
     stated: bool = False
+    #: a date or time of a past event ("used the Hemingway Editor on July 15": `cues.past_event`, v10)
+    past: bool = False
+    #: the number is in a help request or a worked example (`nonvalues.in_request`, v10)
+    example: bool = False
 
     @property
     def needs_cue(self) -> bool:
@@ -184,23 +170,27 @@ def _blank(m: re.Match[str]) -> str:
     return " " * len(m.group(0))
 
 
-def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude: set[str]) -> Quantity:
-    """The quantity at text[start:end] with its context and cue (see `Quantity`)."""
+def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude: set[str],
+              spelled: str = "") -> Quantity:
+    """The quantity at text[start:end] with its context and cue (see `Quantity`); `spelled`: its unit
+    as written (a span of time's unit word is a context word when written as a word: ``60 seconds``,
+    not ``60s``)."""
     before = [_stem(w) for w in content_tokens(text[:start], exclude)][-WINDOW:]
     after = [_stem(w) for w in content_tokens(text[end:], exclude)][:WINDOW // 2]
-    named = [unit] if unit and unit not in _UNIT_ALIASES.values() and unit not in ("date", "time", "$") else []
+    word = unit in SPANS and len(spelled) > 2
+    named = [unit] if unit and (word or unit not in MEASURES) and unit not in ("date", "time", "$") else []
     prefix = text[:start]
     words = prefix.split()
-    to_cued = bool(_CHANGE_TO_RE.search(prefix)) and not _RANGE_TO_RE.search(prefix)
-    cued = bool(_CHANGE_RE.search(" ".join(words[-CUE_WORDS:]))) or to_cued
-    stated = to_cued or bool(_CHANGE_RE.search(" ".join(words[-STATED_WORDS:])))
+    dated = unit in ("date", "time")
+    said = cue(prefix, dated)
     how = mode(prefix, text[end:], unit)
     rate = _PER_RE.match(text, end)
     per = rate.group(1).lower() if rate else next(
         (_PERIODS[w] for w in [x.lower() for x in words[-WINDOW:]] + text[end:].lower().split()[:2]
          if w in _PERIODS), "")
-    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=cued, per=per,
-                    condition=how.condition, bound=how.bound, delta=how.delta, stated=stated)
+    return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=said.cued, per=per,
+                    condition=how.condition, bound=how.bound, delta=how.delta, stated=said.stated,
+                    past=dated and past_event(prefix, text[end:]), example=in_request(prefix))
 
 
 @lru_cache(maxsize=65536)
@@ -230,14 +220,19 @@ def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
         ranged = _RANGE_RE.match(clean, m.end(1)) if not unit_word or unit_word in _NUMBER_WORDS else None
         if ranged:                                     # "from 20 to 12 minutes": both in minutes
             unit_word = ranged.group(1).lower()
-        if "." not in raw and 1900 <= value <= 2100 and (not unit_word or unit_word in _NUMBER_WORDS):
-            continue                                   # a year, not a quantity
-        unit = _UNIT_ALIASES.get(unit_word, "") or _MEASURES.get(unit_word, "")
+        named = (ranged.group(1) if ranged else m.group(2) or "")[:1].isupper() and not unit_of(unit_word)
+        dollars = clean[max(0, m.start() - 1):m.start()] == "$"
+        if not (set(raw) & {".", ","} or dollars) and 1900 <= value <= 2100 and (
+                not unit_word or unit_word in _NUMBER_WORDS or named):
+            continue                                   # a year ("1990-2020 Montserrat cinema"), not a quantity
+        unit = unit_of(unit_word)
         if not unit and unit_word and unit_word not in _NUMBER_WORDS and is_content(unit_word):
             unit = _stem(unit_word)
-        if clean[max(0, m.start() - 1):m.start()] == "$":
+        if dollars:
             unit = "$"
-        out.append(_quantity(clean, m.start(), m.end(), value, unit, set(exclude)))
+        if unit != "$" and identifier(clean[:m.start()], raw, clean[m.end(1):], unit in MEASURES):
+            continue                                   # "port 5000", "502 Bad Gateway", "PostgreSQL 14": names
+        out.append(_quantity(clean, m.start(), m.end(), value, unit, set(exclude), unit_word))
     return tuple(out)
 
 
@@ -268,6 +263,8 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
                 continue
             if nq.needs_cue and not nq.cued:
                 continue
+            if nq.example or oq.example or (oq.past and _kind(oq)):
+                continue                               # v10: an exercise's number, a past event's date
             found = conditions if nq.condition and oq.condition else out
             if nq not in found:
                 found.append(nq)
@@ -279,14 +276,14 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
 def restates(newer: dict[str, Any], older: dict[str, Any], earlier: Iterable[dict[str, Any]]) -> bool:
     """`newer` gives back, unchanged, the values that `older` replaced in `earlier` (the statements
     `older` superseded): it restates the old state ("12 problems, 70% to 90%" again after "15
-    problems") and does not replace `older`, unless it says the value went back (`_REVERT_RE`) or
+    problems") and does not replace `older`, unless it says the value went back (`cues.reverts`) or
     that it is new right at the number (`Quantity.stated`: "is now 100", "lowered it to 100")."""
     return _gives_back(newer, changed(newer, older), earlier)
 
 
 def _gives_back(newer: dict[str, Any], drivers: list[Quantity], earlier: Iterable[dict[str, Any]]) -> bool:
     """`restates` once the changed quantities (`drivers`) are known."""
-    if not drivers or _REVERT_RE.search(str(newer.get("content") or "")) or any(d.stated for d in drivers):
+    if not drivers or reverts(str(newer.get("content") or "")) or any(d.stated for d in drivers):
         return False
     exclude = subject_names(str(newer.get("subject") or ""))
     past = [q for e in earlier for q in quantities(_text(e), exclude)]
@@ -335,46 +332,14 @@ def _same_unit(a: Quantity, b: Quantity) -> bool:
 
 
 def contradiction(newer: dict[str, Any], older: dict[str, Any]) -> bool:
-    """One of the two negates for all time what the other states (see the module doc): at least
-    `MIN_SHARED` of the `WINDOW` words after the negation (verbs in the past kept: ``enrolled``,
-    ``submitted``) are in the other, not negated there (no negation in the `NEG_WORDS` words before
-    them; a negation elsewhere in the sentence, ``not sure how``, does not count)."""
-    a, b = str(newer.get("content") or ""), str(older.get("content") or "")
-    m_a, m_b = _NEVER_RE.search(a), _NEVER_RE.search(b)
-    if bool(m_a) == bool(m_b):
-        return False
-    negated, stated, m = (a, b, m_a) if m_a else (b, a, m_b)
-    assert m is not None
-    exclude = subject_names(str(newer.get("subject") or "")) | {"never", "ever", "yet", "actually", "project"}
-    clause = {w for w, _ in _clause_words(negated[m.end():], exclude)[:WINDOW]}
-    said = _clause_words(stated, exclude, keep_negations=True)
-    shared = set()
-    for i, (w, _) in enumerate(said):
-        if w in clause and not any(neg for _, neg in said[max(0, i - NEG_WORDS):i]):
-            shared.add(w)
-    return len(shared) >= MIN_SHARED
+    """`newer` denies for all time what `older` states, or `older` denied what `newer` states and
+    nothing says it has happened since (`memory.llm.rules.negation`)."""
+    return _negation(newer, older) == "contradiction"
 
 
-def _clause_words(text: str, exclude: set[str], keep_negations: bool = False) -> list[tuple[str, bool]]:
-    """(stem, is a negation) of the words of `text` that name what was done: content words and past
-    verbs, stemmed alike (``enrolled``/``enroll``, ``missing``/``missed``); negations only if asked."""
-    out: list[tuple[str, bool]] = []
-    for tok in re.findall(r"[A-Za-z][A-Za-z'\-]*", text.replace("\u2019", "'")):
-        low = tok.lower().removesuffix("'s")
-        if _NEG_ANY_RE.fullmatch(low) or low.endswith("n't"):
-            if keep_negations:
-                out.append(("", True))
-            continue
-        if low in exclude or len(low) < 3:
-            continue
-        past = len(low) >= 5 and low.endswith("ed") and is_content(low[:-2] + "s")
-        if not (is_content(low) or past):
-            continue
-        stem = re.sub(r"e$", "", re.sub(r"(?:ing|ed|s)$", "", low)) if len(low) > 4 else low
-        if len(stem) > 3 and stem[-1] == stem[-2]:
-            stem = stem[:-1]                              # submitt(ed) = submit, miss(ing) = mis(s)
-        out.append((stem, False))
-    return out
+def _negation(newer: dict[str, Any], older: dict[str, Any]) -> str | None:
+    return negation(newer, older, window=WINDOW, min_shared=MIN_SHARED,
+                    exclude=subject_names(str(newer.get("subject") or "")))
 
 
 def is_statement(f: dict[str, Any]) -> bool:
@@ -382,11 +347,6 @@ def is_statement(f: dict[str, Any]) -> bool:
     `MIN_WORDS` words and no sign of code or markup (`memory.text.looks_like_code`)."""
     text = str(f.get("content") or "")
     return len(text.split()) >= MIN_WORDS and not looks_like_code(text)
-
-
-def says_never(f: dict[str, Any]) -> bool:
-    """The fragment negates something for all time (``never``, ``not yet``...)."""
-    return bool(_NEVER_RE.search(str(f.get("content") or "")))
 
 
 def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float,
@@ -403,8 +363,8 @@ def decide(newer: dict[str, Any], older: dict[str, Any], similarity: float,
         return None                                  # one message does not update itself
     if _text(newer).lower() == _text(older).lower():
         return None
-    if contradiction(newer, older):
-        return "contradiction"
+    if verdict := _negation(newer, older):
+        return verdict                               # a denial and what it denies (`negation`)
     drivers = [d for d in changed(newer, older) if d.cued or similarity >= QUANTITY_SIM]
     if drivers and earlier is not None and _gives_back(newer, drivers, earlier()):
         return "restatement"

@@ -1,0 +1,46 @@
+"""The one table of unit spellings for the `rules` supersede decision (rules-supersede-v10): every
+way a chat writes a unit maps to one canonical unit, so ``300 milliseconds``, ``300 msec`` and
+``300ms`` are the same quantity in `memory.llm.rules.supersede` and the same unit of measure in
+`memory.llm.rules.modality` (v9 kept two tables, and ``milliseconds`` was a word unit of its own).
+
+``ms``, ``s``, ``k``, ``x`` and the sizes are listed because the content-word filter drops words
+under three letters. Two choices were measured on the BEAM development stores (re-decided whole):
+
+* ``60s`` stays apart from ``60 seconds``: merging them let three more timeouts of different
+  things close one another (a socket timeout, a Gunicorn worker timeout, a health check grace
+  period) and made no right closing;
+* two-letter units of length, weight and volume (``cm``, ``kg``, ``ml``) stay unitless numbers:
+  as units they need no change cue, and triangle side lengths of two geometry exercises (``sides 7
+  cm, 24 cm, 25 cm``) then replaced each other.
+"""
+from __future__ import annotations
+
+__all__ = ["UNITS", "SPANS", "MEASURES", "unit_of"]
+
+#: the canonical units of a span of time, whose words are context words when written out (``60 seconds``)
+SPANS = frozenset({"second", "minute", "hour", "day", "week", "month", "year"})
+
+_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "%": ("%", "percent", "pct"),
+    "ms": ("ms", "msec", "msecs", "millisecond", "milliseconds"),
+    "s": ("s",),
+    "second": ("sec", "secs", "second", "seconds"),
+    "minute": ("min", "mins", "minute", "minutes"),
+    "hour": ("h", "hr", "hrs", "hour", "hours"),
+    "day": ("day", "days"),
+    "week": ("wk", "wks", "week", "weeks"),
+    "month": ("mo", "month", "months"),
+    "year": ("yr", "yrs", "year", "years"),
+    "k": ("k",),
+    "x": ("x",),
+    **{size: (size,) for size in ("kb", "mb", "gb", "tb")},
+}
+#: a unit's spelling (lower case) -> its canonical unit
+UNITS: dict[str, str] = {spelling: unit for unit, spellings in _SPELLINGS.items() for spelling in spellings}
+#: canonical units of measure ("under 300ms" is a bound); any other word unit is a counted thing
+MEASURES = frozenset(UNITS.values())
+
+
+def unit_of(word: str) -> str:
+    """The canonical unit of a unit's spelling (``milliseconds`` -> ``ms``), or "" when it is none."""
+    return UNITS.get(word.lower(), "")
