@@ -87,7 +87,7 @@ def create_app(retriever: Retriever) -> FastAPI:
     app = FastAPI(title="mnemo retrieval", version="0.1.0",
                   description="RF-Mem retrieval over consolidated long-term memory.")
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-    app.add_middleware(RequestGuard, api_key=key, max_body=settings.max_query_chars * 4 + 8192)
+    app.add_middleware(RequestGuard, api_key=key, max_body=settings.max_query_chars * 12 + 8192)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -158,9 +158,13 @@ def graph_for(index: UserIndex) -> Graph | None:
     return index.memo("memweaver-graph", load)
 
 
-def walk_rng(user_id: str, vector: np.ndarray) -> np.random.Generator:
-    """The walk's random generator, seeded by the user id and the query vector (same query, same walk)."""
-    h = hashlib.blake2b(user_id.encode() + np.asarray(vector, dtype=np.float32).tobytes(), digest_size=8)
+def walk_rng(user_id: str, vector: np.ndarray, text: str | None = None) -> np.random.Generator:
+    """The walk's random generator, seeded by the user id and the query's text when given, else its
+    vector (same query, same walk): the vector's last bits differ between a threaded and a
+    single-threaded embedder (the service's), which made the service walk elsewhere."""
+    key = text.encode("utf-8", "surrogatepass") if text is not None else \
+        np.asarray(vector, dtype=np.float32).tobytes()
+    h = hashlib.blake2b(user_id.encode() + b"\0" + key, digest_size=8)
     return np.random.default_rng(int.from_bytes(h.digest(), "little"))
 
 
@@ -258,13 +262,14 @@ def walk(graph: Graph, sims: np.ndarray, seeds: list[int], rng: np.random.Genera
 
 
 def walk_from_scores(index: UserIndex, graph: Graph, vector: np.ndarray, row_scores: np.ndarray,
-                     params: WalkParams | None = None) -> Walked:
+                     params: WalkParams | None = None, text: str | None = None) -> Walked:
     """Walk from the `params.seeds` graph nodes best by `row_scores` (one score per index row); nodes
-    scored −inf (not searched) are never seeds, and with none left there is no walk."""
+    scored −inf (not searched) are never seeds, and with none left there is no walk; `text` (the
+    query's) seeds the walk's draws."""
     params = params or PARAMS
     z = index.memo("memweaver-graph-z", lambda: np.ascontiguousarray(index.z[graph.rows]))
     sims = z @ vector
     scores = row_scores[graph.rows]
     cand = np.flatnonzero(np.isfinite(scores))
     seeds = cand[np.argsort(-scores[cand], kind="stable")[: params.seeds]]
-    return walk(graph, sims, [int(s) for s in seeds], walk_rng(index.user_id, vector), params)
+    return walk(graph, sims, [int(s) for s in seeds], walk_rng(index.user_id, vector, text), params)

@@ -56,7 +56,7 @@ def expand(q: Query, rows: np.ndarray, ranked: np.ndarray, *, by: str, bonus: fl
         return None
     full = np.full(index.size, -np.inf, dtype=np.float64)
     full[rows] = ranked
-    walked = walk_from_scores(index, graph, q.vector, full)
+    walked = walk_from_scores(index, graph, q.vector, full, text=q.text)
     visited = [int(graph.rows[n]) for n in walked.ranked()[:WALK_NODES_SHOWN]]
     q.signals.update(walk_steps=walked.steps, walk_visited=len(walked.nodes),
                      walk_nodes=index.meta.column("id").take(visited).to_pylist() if visited else [])

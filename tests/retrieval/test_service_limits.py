@@ -3,6 +3,7 @@ is read, bodies over the limit (chunked or not) are refused while they stream, a
 meaningless fields are 422, never 500 nor a silent default."""
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, ContextManager, Iterator
 
 import httpx
@@ -17,7 +18,7 @@ from tests.helpers import messages_store
 
 KEY = "limits-key-1"
 MAX_QUERY = 200
-LIMIT = MAX_QUERY * 4 + 8192          # the service's body limit for this max_query_chars
+LIMIT = MAX_QUERY * 12 + 8192         # the service's body limit for this max_query_chars
 CHUNK = b"x" * (1 << 16)
 HUGE = 4096                           # chunks: a 256 MiB body, generated lazily
 
@@ -180,3 +181,18 @@ def test_valid_requests_are_unchanged(client: httpx.Client) -> None:
     only = client.post("/v1/users/eve/retrieve", json={"query": "dog", "kinds": ["message"]})
     assert only.status_code == 200 and {i["kind"] for i in only.json()["items"]} == {"message"}
     assert client.post("/v1/users/eve/retrieve", json={"query": "x" * (MAX_QUERY + 1)}).status_code == 413
+
+
+def test_a_query_within_the_limit_is_no_oversize_body_when_json_escapes_it(
+        retriever: Retriever, serve_app: Callable[..., ContextManager[str]]) -> None:
+    """Python's json escapes non-ASCII by default: an emoji takes 12 bytes of body, and a query of
+    `max_query_chars` emoji must still be served (the body limit was 4 bytes a character)."""
+    chars = 2000
+    wide = Retriever(retriever.store, RetrievalSettings(api_key=KEY, max_query_chars=chars, refresh_ms=0),
+                     embedder=retriever.embedder)
+    body = json.dumps({"query": "\U0001F3B8" * chars, "k": 1}, ensure_ascii=True)
+    assert len(body) > chars * 4 + 8192
+    with serve_app(create_app(wide)) as base:
+        res = httpx.post(f"{base}/v1/users/eve/retrieve", content=body, timeout=60,
+                         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert res.status_code == 200, res.text

@@ -248,3 +248,15 @@ def test_walk_never_seeds_from_unsearched_kinds(retriever: Retriever) -> None:
     assert res.signals["walk_steps"] == 0 and res.signals["walk_boosted"] == 0
     assert {it.kind for it in res.items} == {"message"}
     assert [it.id for it in res.items] == [it.id for it in dense.items]
+
+
+def test_the_walk_is_seeded_by_the_query_text_not_its_last_bits() -> None:
+    """The service embeds single-threaded: its vector may differ in the last bits from the API's,
+    and a walk seeded by the vector's bytes went elsewhere. The text seeds it when given."""
+    q = np.linspace(-1, 1, 8).astype(np.float32)
+    nudged = np.nextafter(q, np.float32(2))
+    draws = lambda rng: rng.random(4).tolist()   # noqa: E731
+    assert draws(walk_rng("u", q, "my dog")) == draws(walk_rng("u", nudged, "my dog"))
+    assert draws(walk_rng("u", q, "my dog")) != draws(walk_rng("u", q, "my cat"))
+    assert draws(walk_rng("u", q)) != draws(walk_rng("u", nudged))     # no text: the vector still seeds
+    assert draws(walk_rng("u", q, "my dog")) != draws(walk_rng("v", q, "my dog"))
