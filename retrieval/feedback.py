@@ -87,8 +87,9 @@ class FeedbackLog:
                "query_vector": None if embed is None else np.asarray(embed(query), dtype=np.float32),
                "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,
                "created_at": datetime.now(timezone.utc)}
-        with self._lock:
-            self.store.upsert("feedback", [row])
+        with self._lock, self.store.write_lease():   # a retried record is kept as first written: its
+            if not self.store.read_ids("feedback", [row["id"]], columns=["id"]).num_rows:   # created_at
+                self.store.upsert("feedback", [row])      # is what training reads as new since a version
         return {"id": row["id"], "user_id": user_id, "shown": len(shown), "cited": len(cited)}
 
 
