@@ -266,7 +266,9 @@ class TrainReport:
 def train_reranker(retriever: BaseRetriever, *, scope: str = GLOBAL, cfg: TrainConfig | None = None,
                    run_id: str = "", strategy: str | None = None) -> list[TrainReport]:
     """Train the next version of the global reranker (or of each user's, scope="user") from the
-    feedback newer than the latest version; a scope with no new feedback is skipped."""
+    feedback newer than the latest version; a scope with no new feedback, or none citing a memory, is
+    skipped, and a version that ranks the cited memories lower than the one before (or diverged) is
+    not written: each nightly version starts from the last, so a bad one would compound."""
     cfg = cfg or TrainConfig.from_settings(retriever.settings)
     store = retriever.store
     reports = []
@@ -288,12 +290,22 @@ def train_reranker(retriever: BaseRetriever, *, scope: str = GLOBAL, cfg: TrainC
             reports.append(TrainReport(key, None, 0, skipped="no new feedback"))
             continue
         rows = t.to_pylist()
+        if not any(r["cited_ids"] for r in rows):   # every advantage -1.5: it would only demote the shown
+            reports.append(TrainReport(key, None, len(rows), skipped="no cited memory in the new feedback"))
+            continue
         examples = examples_from_feedback(retriever, rows, cfg.top_k, strategy)
         model, metrics = train(examples, store.dim, init, cfg)
         metrics["from_version"] = init.version if init is not None else 0
         if not (np.isfinite(model.wq).all() and np.isfinite(model.wm).all()):
             log.error("reranker %s diverged on %d feedback rows; no version written", key, len(rows))
             reports.append(TrainReport(key, None, len(rows), metrics, skipped="diverged"))
+            continue
+        before, after = metrics["cited_in_top_m_before"], metrics["cited_in_top_m_after"]
+        if not np.isfinite(after) or (np.isfinite(before) and after < before):
+            log.warning("reranker %s would rank the cited memories lower (%.3f -> %.3f); no version written",
+                        key, before, after)
+            reports.append(TrainReport(key, None, len(rows), metrics, skipped=f"cited in top-{cfg.top_m} would "
+                                       f"fall {before:.3f} -> {after:.3f}"))
             continue
         until = max(r["created_at"] for r in rows)
         version = save_version(store, model, key, feedback_until=until, metrics=metrics, run_id=run_id)

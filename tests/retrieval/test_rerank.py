@@ -2,6 +2,7 @@
 versions ignored, the retriever's rerank path, and the train stage (skip, incremental, per user)."""
 from __future__ import annotations
 
+import importlib
 import logging
 from datetime import datetime, timezone
 
@@ -161,6 +162,29 @@ def test_train_stage_skips_then_trains_incrementally(retriever: Retriever) -> No
     per_user = train_reranker(retriever, scope="user", strategy="familiarity")
     assert sorted((r.scope, r.version) for r in per_user) == [("user:alice", 1), ("user:bob", 1)]
     assert per_user[0].metrics["from_version"] == 2                      # started from the global one
+
+
+def test_no_version_from_feedback_without_citations_or_that_ranks_the_cited_lower(
+        retriever: Retriever, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feedback citing nothing makes every advantage negative: it would only push the shown memories
+    down, and each nightly version starts from the last; a version ranking the cited memories lower
+    than before is not written either."""
+    training = importlib.import_module("retrieval.rerank.train")   # the package's `train` is the function
+
+    for q in ("what is my dog called?", "which band do I like?"):
+        retriever.feedback("alice", q, retriever.retrieve("alice", q, k=5, strategy="familiarity").ids, [])
+    [none] = train_reranker(retriever, strategy="familiarity")
+    assert none.version is None and none.skipped == "no cited memory in the new feedback"
+    res = retriever.retrieve("alice", "where did I go hiking?", k=5, strategy="familiarity")
+    retriever.feedback("alice", "where did I go hiking?", res.ids, res.ids[:1])
+    worse = {"cited_in_top_m_before": 1.0, "cited_in_top_m_after": 0.5}
+    monkeypatch.setattr(training, "train", lambda *a, **k: (Reranker.identity(384), dict(worse)))
+    [refused] = train_reranker(retriever, strategy="familiarity")
+    assert refused.version is None and refused.skipped is not None and "1.000 -> 0.500" in refused.skipped
+    assert load_latest(retriever.store, GLOBAL)[0] is None
+    monkeypatch.undo()
+    [trained] = train_reranker(retriever, strategy="familiarity")     # with a citation it trains on all 3
+    assert trained.version == 1 and trained.feedback == 3
 
 
 def test_low_rank_l2_clip_and_resampling_train_and_stay_finite() -> None:
