@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import polars as pl
+from lancedb.expr import col
 
 from memory.schemas import MEMORY_TABLES
 from memory.store import Store
@@ -53,14 +54,16 @@ def node_of(r: dict[str, Any], kind: str, seqs: dict[str, Any]) -> Node:
 
 
 def stored_nodes(store: Store, user: str, until: datetime,
-                 kinds: tuple[str, ...] = ("fragment", "insight")) -> list[Node]:
-    """The user's stored memories of sessions up to `until` (the watermark) as nodes."""
+                 kinds: tuple[str, ...] = ("fragment", "insight"), ids: Iterable[str] | None = None) -> list[Node]:
+    """The user's stored memories of sessions up to `until` (the watermark) as nodes (those of `ids`
+    only, when given)."""
     msgs = store.read("messages", user, columns=["message_id", "seq"])
     seqs = dict(zip(msgs.column("message_id").to_pylist(), msgs.column("seq").to_pylist()))
     out = []
+    only = None if ids is None else col("id").isin(sorted(ids))
     for kind in kinds:
         cols = ["id", "session_id", "session_ts", "source_ids", "vector", "text", "date"]
-        t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=cols))
+        t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=cols, where=only))
         assert isinstance(t, pl.DataFrame)
         if t.height == 0:
             continue

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
+from typing import AbstractSet, Any
 
 import numpy as np
 import polars as pl
@@ -55,6 +55,8 @@ MAX_PHASE = 40
 WINDOW = 3
 DROP_STD = 0.5
 
+#: what a phase request adds to a replaced fragment it must still quote (every member was replaced)
+REPLACED = " (replaced since)"
 #: a user's plan: (user, its stored phase rows, its new phases as (request context, nodes))
 Plan = tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], list[Node]]]]
 
@@ -107,10 +109,33 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
     phases = []
     if batch:
         said = assistant_turns(state, ctx, user, batch)
+        closed = superseded(state, ctx, user, batch)
         vecs = np.stack([n.vector for n in batch])
         for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
-            phases.append((phase_context(user, number, batch[a:b], said), batch[a:b]))
-    return user, old_rows, phases
+            phases.append((phase_context(user, number, batch[a:b], said, closed), batch[a:b]))
+    return user, old_rows, phases + stale_phases(state, ctx, user, old_rows)
+
+
+def stale_phases(state: ShardState, ctx: StageContext, user: str,
+                 old_rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Node]]]:
+    """The stored phases (`old_rows`) with a member this run's supersede stage closed, to summarize
+    again under their own ids (reading only their members): a phase summary must not state a value
+    replaced since. `write_summaries` keeps a stored row whose new summary failed."""
+    now = {r["id"] for r in state.extra.get("fragments", []) if r.get("user_id") == user and r.get("superseded_by")}
+    stale = [(i, r) for i, r in enumerate(old_rows, start=1) if now & set(r["member_ids"])]
+    if not stale:
+        return []
+    members = {n.id: n for n in stored_nodes(ctx.store, user, state.watermarks[user][0], ("fragment",),
+                                             ids={m for _, r in stale for m in r["member_ids"]})}
+    out = []
+    for number, row in stale:
+        nodes = sorted((members[m] for m in row["member_ids"] if m in members), key=Node.order)
+        if nodes:
+            c = phase_context(user, number, nodes, assistant_turns(state, ctx, user, nodes),
+                              superseded(state, ctx, user, nodes))
+            out.append(({**c, "phase_id": row["id"]}, nodes))
+    log.info("user %s: %d stored phase(s) hold a fragment replaced in this run: summarized again", user, len(out))
+    return out
 
 
 def assistant_turns(state: ShardState, ctx: StageContext, user: str, nodes: list[Node]) -> set[str]:
@@ -130,11 +155,26 @@ def assistant_turns(state: ShardState, ctx: StageContext, user: str, nodes: list
     return said
 
 
-def summarized(nodes: list[Node], said: set[str]) -> list[Node]:
+def summarized(nodes: list[Node], said: set[str], closed: AbstractSet[str] = frozenset()) -> list[Node]:
     """The nodes a phase summary reads: all but those citing only assistant turns (`said`), which
     paraphrase the assistant's advice rather than the user's history (on assistant chats most
-    fragments are; a `rules` summary quoted them); every node when none would be left."""
-    return [n for n in nodes if not cites_only(n.source_ids, said)] or nodes
+    fragments are; a `rules` summary quoted them), and those a newer fragment replaced (`closed`: the
+    profile in every context() quoted a replaced goal as current); every node when none would be left."""
+    return [n for n in nodes if not cites_only(n.source_ids, said) and n.id not in closed] or nodes
+
+
+def superseded(state: ShardState, ctx: StageContext, user: str, nodes: list[Node]) -> set[str]:
+    """Ids of `nodes` a newer fragment replaced: in this run (the shard's fragments, the stored ones
+    the supersede stage closed) or before (read only for the stored nodes outside the shard)."""
+    ids = {n.id for n in nodes}
+    now = {r["id"]: r.get("superseded_by") for r in state.fragments + state.extra.get("fragments", [])
+           if r.get("user_id") == user}
+    closed = {i for i, by in now.items() if by and i in ids}
+    older = sorted(ids - set(now))
+    if older and has_stored(state, user):
+        t = ctx.store.read("fragments", user, columns=["id", "superseded_by"], where=col("id").isin(older))
+        closed |= {r["id"] for r in t.to_pylist() if r["superseded_by"]}
+    return closed
 
 
 def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> None:
@@ -153,7 +193,8 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
             if answer is not None:
                 mine.append(phase_row(c, nodes, prompts.parse_summary(answer), **meta))
         new_rows += mine
-        every = sorted(old_rows + mine, key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
+        latest = {r["id"]: r for r in old_rows + mine}      # a phase summarized again replaces its row
+        every = sorted(latest.values(), key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
         if every:
             profile_plans.append((user, every))
     for q in bad:
@@ -223,13 +264,15 @@ def _sources(nodes: list[Node]) -> list[str]:
     return list(dict.fromkeys(s for n in nodes for s in n.source_ids))
 
 
-def phase_context(user: str, number: int, nodes: list[Node], said: set[str] | None = None) -> dict[str, Any]:
+def phase_context(user: str, number: int, nodes: list[Node], said: set[str] | None = None,
+                  closed: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """The summary request's context for one phase of `nodes`: its items are the memories about the
-    user (`summarized`, `said`: the assistant's turn ids)."""
-    items = summarized(nodes, said or set())
+    user that still hold (`summarized`; `said`: the assistant's turn ids, `closed`: replaced fragments)."""
+    items = summarized(nodes, said or set(), closed)
     return {"user_id": user, "phase_id": make_id(user, "phase", prompts.SUMMARIZE_VERSION, *[n.id for n in nodes]),
             "number": number, "start": _day(nodes[0].session_ts), "end": _day(nodes[-1].session_ts),
-            "items": [{"id": n.id, "date": n.date or _day(n.session_ts), "text": n.text} for n in items]}
+            "items": [{"id": n.id, "date": n.date or _day(n.session_ts),     # a phase of replaced values only
+                       "text": n.text + (REPLACED if n.id in closed else "")} for n in items]}
 
 
 def phase_row(ctx: dict[str, Any], nodes: list[Node], summary: str, *, run_id: str, backend: str,

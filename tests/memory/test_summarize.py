@@ -195,3 +195,31 @@ def test_a_phase_of_advice_only_is_still_summarized() -> None:
     assert [it["id"] for it in phase_context("u", 1, mixed, {"m1"})["items"]] == ["f0"]
     assert [it["id"] for it in phase_context("u", 1, mixed[1:], {"m1"})["items"]] == ["f1", "f2"]
     assert phase_context("u", 1, mixed, {"m1"})["phase_id"] == phase_context("u", 1, mixed)["phase_id"]
+
+
+def test_a_replaced_value_leaves_the_phases_and_the_profile(tmp_path: Path) -> None:
+    """A phase summary (and the profile built from them, which heads every context) reads only what
+    still holds: a fragment closed in the same run is left out, and a stored phase whose member a
+    later run closed is summarized again under its id; a phase of replaced values only says so."""
+    def turns(session: int, day: int, text: str) -> list[dict[str, str]]:
+        return [{"user_id": "erin", "session_id": f"erin-s{session}", "message_id": f"erin-s{session}-m{i}",
+                 "speaker": spk, "text": t, "timestamp": f"2024-0{day}-05T08:0{i}:00Z"}
+                for i, (spk, t) in enumerate([("Erin", text), ("assistant", "Nice.")], start=1)]
+    parts = []
+    for name, rows in (("a", turns(1, 1, "I set my daily running distance goal to 3 miles per day.")
+                        + turns(2, 2, "I have now increased my daily running distance goal to 5 miles per day.")),
+                       ("b", turns(3, 3, "I have now increased my daily running distance goal to 7 miles per day."))):
+        parts.append(tmp_path / f"{name}.jsonl")
+        parts[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = ingest_and_consolidate(tmp_path / "s1", parts[0], llm="rules")
+    first = {r["id"]: r["content"] for r in store.read("summaries", "erin").to_pylist() if r["level"] == "phase"}
+    assert any("5 miles" in c for c in first.values()) and not any("3 miles" in c for c in first.values())
+    ingest_and_consolidate(tmp_path / "s1", parts[1], llm="rules")
+    rows = store.read("summaries", "erin").to_pylist()
+    phases = {r["id"]: r["content"] for r in rows if r["level"] == "phase"}
+    assert set(first) <= set(phases)                       # the stale phase was summarized again, same id
+    for pid in first:
+        assert "5 miles" not in phases[pid] or "(replaced since)" in phases[pid]
+    profile = next(r["content"] for r in rows if r["level"] == "profile")
+    assert "7 miles" in profile
+    assert all("(replaced since)" in line for line in profile.splitlines() if "3 miles" in line or "5 miles" in line)
