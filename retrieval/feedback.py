@@ -83,14 +83,15 @@ class FeedbackLog:
                 reranker_version, int) or not 0 <= reranker_version <= MAX_RERANKER_VERSION):
             raise InvalidFeedbackError(f"reranker_version must be an integer from 0 to {MAX_RERANKER_VERSION}",
                                        user_id=user_id)
-        row = {"id": feedback_id(user_id, query, shown, cited), "user_id": user_id, "query": query,
+        fid = feedback_id(user_id, query, shown, cited)
+        row = {"id": fid, "user_id": user_id, "query": query,
                "query_vector": None if embed is None else np.asarray(embed(query), dtype=np.float32),
                "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,
                "created_at": datetime.now(timezone.utc)}
         with self._lock, self.store.write_lease():   # a retried record is kept as first written: its
-            if not self.store.read_ids("feedback", [row["id"]], columns=["id"]).num_rows:   # created_at
+            if not self.store.read_ids("feedback", [fid], columns=["id"]).num_rows:   # created_at
                 self.store.upsert("feedback", [row])      # is what training reads as new since a version
-        return {"id": row["id"], "user_id": user_id, "shown": len(shown), "cited": len(cited)}
+        return {"id": fid, "user_id": user_id, "shown": len(shown), "cited": len(cited)}
 
 
 def read_feedback(store: Store, user_id: str | None = None, *, columns: list[str] | None = None) -> pa.Table:
