@@ -8,7 +8,8 @@ word and overrun the budget many times; the budget is filled in rank order (the 
 then the chosen items are printed oldest first so the model reads the history as it happened.
 
 Validity (retrieval.validity): a current memory that replaced older ones reads "X, since DATE
-(before: Y)", a superseded one "(no longer current since DATE)", and a contradiction is flagged
+(before: Y)", a superseded one "(no longer current since DATE)", a turn holding a replaced value
+"(updated [DATE]: Z)" (its current version), and a contradiction is flagged
 "CONTRADICTS [DATE] Y; also [DATE] Z: ask the user which holds", so the answering model can ask.
 """
 from __future__ import annotations
@@ -82,6 +83,9 @@ def validity_note(item: Any) -> str:
     if getattr(item, "superseded_by", None):
         until = (getattr(item, "valid_until", None) or "")[:10]
         notes.append(f" (no longer current since {until or 'a later memory'})")
+    updated = getattr(item, "updated_by", None)
+    if updated:
+        notes.append(f" (updated [{updated['date'] or 'undated'}]: {_clip(updated['text'])})")
     other = getattr(item, "contradiction", None)
     if other:
         also = "".join(f"; also [{o['date'] or 'undated'}] {_clip(o['text'], 20)}"

@@ -87,6 +87,8 @@ class RetrievedItem:
     #: further memories it contradicts, the same way (a turn that denies what it states and what
     #: another turn says)
     also_contradicts: list[dict[str, str]] | None = None
+    #: a raw turn holding a value a newer memory replaced: that memory's current version {"id", "text", "date"}
+    updated_by: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

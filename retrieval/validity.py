@@ -320,6 +320,8 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     if memory_id in v.superseded_by:
         out["superseded_by"] = v.superseded_by[memory_id]
         out["valid_until"] = v.valid_until.get(memory_id)
+    if memory_id not in v.superseded_by and (current := _current_of_turn(index, v, memory_id, row_of)):
+        out["updated_by"] = look(current)
     history = [h for h in (look(m) for m in v.history(memory_id)) if h is not None]
     if history:
         out["history"] = history
@@ -333,6 +335,16 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     if len(shown) > 1:
         out["also_contradicts"] = shown[1:]
     return out
+
+
+def _current_of_turn(index: UserIndex, v: Validity, memory_id: str, row_of: dict[str, int]) -> str | None:
+    """For a raw turn a newer memory replaced a value of (`replaced_in`), the current version of that
+    memory, the newest by `valid_from` if several: a replaced fragment says so, its turn did not."""
+    r = row_of.get(memory_id)
+    if r is None or index.kinds[r] != "message":
+        return None
+    found = [([f] + v.newer(f))[-1] for s in index.source_ids(r) for f in v.replaced_in.get(s, [])]
+    return max(found, key=lambda f: (v.valid_from.get(f) or "", f), default=None)
 
 
 def _same_turn(index: UserIndex, memory_id: str, others: list[str], row_of: dict[str, int]) -> str | None:

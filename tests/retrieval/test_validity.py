@@ -243,3 +243,18 @@ def test_a_newer_version_passes_a_floor_that_is_its_own_cosine(validity_store: S
     noisy = float(np.nextafter(np.float32(best), np.float32(2)))      # one float32 step above
     got = replacement(index, v, row_of["msg-m0"], vec, "msg-m0", ["m0"], row_of, row_sim=1.0, floor=noisy)
     assert got is not None and index.meta.column("source_ids")[got].as_py() == ["m3"]
+
+
+def test_a_turn_holding_a_replaced_value_says_what_replaced_it(validity_store: Store, embedder: Embedder) -> None:
+    """A replaced fragment reads "(no longer current since ...)"; its turn, returned as a raw turn,
+    now says so too, with the current version's text and date (a tight budget may keep the old turn
+    and drop the newer one: the note still gives the current value)."""
+    r = _retriever(validity_store, embedder, True)
+    res = r.retrieve(USER, "How much is the monthly rent for the flat on Elm Street?", k=4, strategy="familiarity",
+                     kinds=["message"])
+    old = next(it for it in res.items if it.id == "msg-m0")
+    assert old.updated_by is not None and old.updated_by["id"] == "f3" and "1,450" in old.updated_by["text"]
+    assert old.updated_by["date"] == "2024-05-09"
+    line = next(ln for ln in res.context(max_tokens=2000).splitlines() if "1,200 dollars" in ln)
+    assert "(updated [2024-05-09]: " in line and "1,450" in line
+    assert all(it.updated_by is None for it in res.items if it.id != "msg-m0")   # m3 is current, m1 unrelated
