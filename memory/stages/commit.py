@@ -1,5 +1,7 @@
 """Committing a shard: the one place a consolidation writes. Every table first (the rows of the
-first stages, then the deletions and rows the later stages asked for), then the quarantine rows of
+first stages, then the rows the later stages asked for, then the deletions they asked for: a user's
+rebuilt graph or phases replace the old rows only once the new ones are written, so a run killed in
+between keeps the old ones, where it had left the user with none), then the quarantine rows of
 retried work that is settled, the `progress` rows, and the users' watermarks last, so a crash
 before the watermarks leaves the new sessions pending and the re-run rewrites the same rows (row ids
 are deterministic).
@@ -34,10 +36,11 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
             "insights": store.upsert("insights", state.insights),
             "quarantine": store.upsert("quarantine", state.quarantine),
         }
-        for name, users in state.replace.items():
-            store.delete(name, users_filter(users))
         for name, rows in state.extra.items():
             written[name] = written.get(name, 0) + store.upsert(name, rows)
+        for name, users in state.replace.items():   # after the new rows: a crash in between leaves the
+            new = [r["id"] for r in state.extra.get(name, [])]    # old ones too, never none of either
+            store.delete(name, users_filter(users) & ~col("id").isin(new) if new else users_filter(users))
         now = datetime.now(timezone.utc)
         progress, settled = settle(state, now)
         if settled and store.has_table("quarantine"):

@@ -12,7 +12,7 @@ from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
 from memory.stages.weave import K_DEFAULT, choose_k
-from tests.helpers import SampleSplit, copy_store, crash_before_watermarks
+from tests.helpers import SampleSplit, copy_store, crash_before_watermarks, killed_before
 
 
 def graph(store: Store) -> dict[str, Any]:
@@ -106,3 +106,24 @@ def test_rebuild_restores_a_missing_graph(stores: dict[str, Any], tmp_path: Path
     assert store.read("graph_nodes").num_rows == 0
     consolidate(store, settings.with_overrides(rebuild_graph=True))
     assert graph(store) == graph(stores["one"])
+
+
+def test_a_rebuild_killed_before_its_deletions_keeps_the_old_graph_and_phases(
+        sample_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--rebuild-graph replaces each user's graph and summaries: the new rows are written first and
+    only then the old ones not among them deleted, so a run killed in between keeps a graph, phases
+    and a profile (the deletions came first: it had left no phases nor profile, and no later plain
+    run saw work to do)."""
+    def rows(name: str) -> set[str]:
+        return set(sample_store.read(name, "alice", columns=["id"]).column("id").to_pylist())
+
+    before = {name: rows(name) for name in ("graph_nodes", "graph_edges", "summaries")}
+    assert all(before.values())
+    settings = Settings(store=sample_store.uri, rebuild_graph=True)
+
+    with killed_before(monkeypatch, "summaries"):             # the graph's new rows written, then killed
+        consolidate(open_store(settings), settings)
+    after = {name: rows(name) for name in before}
+    assert after == before                  # deterministic ids: the same rows, rewritten, none lost
+    consolidate(open_store(settings), settings)              # the rebuild run again completes
+    assert {name: rows(name) for name in before} == before
