@@ -22,9 +22,13 @@ import atexit
 import logging
 import os
 import signal
+import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,28 @@ def _stop(pid: int, wait_s: float) -> None:
         pass
 
 
+@contextmanager
+def quiet_children(module: Any) -> Iterator[None]:
+    """While the block runs, a process `module` starts with `subprocess.Popen` gets no stdin and
+    writes to `server.log` in `records_dir()` instead of this process's stdout and stderr: Prefect
+    starts its server inheriting them, and a server outliving its run killed with `kill -9` kept
+    the caller's pipe open (`mnemo consolidate | tee log` hung until the next run reaped it)."""
+    real = module.subprocess
+    records_dir().mkdir(parents=True, exist_ok=True)
+    with open(records_dir() / "server.log", "ab") as log_file:
+        def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+            kwargs.setdefault("stdin", subprocess.DEVNULL)
+            kwargs.setdefault("stdout", log_file)
+            kwargs.setdefault("stderr", log_file)
+            return real.Popen(*args, **kwargs)
+
+        module.subprocess = SimpleNamespace(**{**vars(real), "Popen": popen})
+        try:
+            yield
+        finally:
+            module.subprocess = real
+
+
 def start_recorded() -> int | None:
     """Start Prefect's temporary server for this process now (when Prefect would use one: no
     `PREFECT_API_URL`, ephemeral mode allowed) and record it; returns its pid (None otherwise)."""
@@ -101,10 +127,11 @@ def start_recorded() -> int | None:
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
-    from prefect.server.api.server import SubprocessASGIServer
+    import prefect.server.api.server as prefect_server
 
-    server = SubprocessASGIServer()
-    server.start()
+    server = prefect_server.SubprocessASGIServer()
+    with quiet_children(prefect_server):
+        server.start()
     if server.server_process is None:
         return None
     pid = server.server_process.pid

@@ -6,6 +6,7 @@ server is stopped by the next run. `memory.doctor` checks the store after every 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -318,6 +319,9 @@ def test_a_killed_runs_prefect_server_is_stopped_by_the_next_run(tmp_path: Path,
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         assert alive(server)   # re-parented: Prefect's atexit hook never ran
+        # ... and it holds none of its run's output: the caller's pipe ends (`mnemo consolidate | tee`)
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        assert ready and proc.stdout.read() == ""
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # where the child recorded it
         assert reap_orphans() == [server]
         assert not alive(server)
