@@ -364,15 +364,30 @@ def cluster_resets(store: Store, p: Plan) -> list[dict[str, Any]]:
 
 
 def pointer_resets(store: Store, user: str, name: str, hidden: set[str], dead: set[str]) -> list[dict[str, Any]]:
-    """Surviving rows whose validity pointers name a deleted memory, with those pointers cleared."""
+    """Surviving rows whose validity pointers name a deleted memory, with those pointers cleared; a
+    pointer naming a row stored nowhere is one too (a forget killed after deleting the messages and
+    finished by the next one: the finishing forget no longer sees those rows among its deletions)."""
     t = store.read(name, user)
     if not t.num_rows or not any(c in t.column_names for c in ("superseded_by", "contradicts")):
         return []
+    targets = {r.get(c) for r in t.to_pylist() for c in ("superseded_by", "contradicts")} - {None, ""}
+    dead = dead | (targets - stored_ids(store, user, targets))
     rows = [r for r in t.to_pylist() if r["id"] not in hidden
             and (r.get("superseded_by") in dead or r.get("contradicts") in dead)]
     if not rows:
         return []
     return clear_pointers(pa.Table.from_pylist(rows, schema=t.schema), dead).to_pylist()
+
+
+def stored_ids(store: Store, user: str, ids: set[str]) -> set[str]:
+    """Which of `ids` name a stored row of the user's (a turn, a fragment, an insight: what validity
+    pointers name)."""
+    found: set[str] = set()
+    for name in ("messages", "fragments", "insights"):
+        if ids - found and store.has_table(name):
+            t = store.read(name, user, columns=["id"], where=col("id").isin(sorted(ids - found)))
+            found |= set(t.column("id").to_pylist())
+    return found
 
 
 def cache_memory_ids(p: Plan) -> set[str]:

@@ -405,3 +405,33 @@ def test_feedback_on_deleted_memories_and_rerankers_trained_on_it_go(canary_stor
     left = set(store.read("feedback", columns=["id"]).column("id").to_pylist())
     assert hit not in left and kept in left
     assert set(store.read("rerankers", columns=["id"]).column("id").to_pylist()) == {"rr-global-1", "rr-user:carol-1"}
+
+
+def test_a_forget_killed_after_deleting_the_messages_leaves_no_pointer_to_them(
+        canary_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed right after it deleted the messages, a forget is finished by the next one, which no
+    longer sees those rows among its deletions: a fragment the forgotten turn had closed must be
+    reopened all the same, as an uninterrupted forget does (it stayed closed by a row stored nowhere)."""
+    def validity(store: Store) -> list[tuple[str, Any, Any]]:
+        rows = store.read("fragments", "bob", columns=["id", "superseded_by", "valid_until"]).to_pylist()
+        return sorted((r["id"], r["superseded_by"], r["valid_until"]) for r in rows)
+
+    clean, s, _ = fresh(canary_store, tmp_path / "clean")
+    forget(clean, s, "bob", sessions=["bob-s2"])
+    killed, s2, _ = fresh(canary_store, tmp_path / "killed")
+    real = Store.delete
+
+    def dies_after_messages(self: Store, name: str, where: Any) -> None:
+        real(self, name, where)
+        if name == "messages":
+            raise Killed("after deleting the messages")
+
+    monkeypatch.setattr(Store, "delete", dies_after_messages)
+    with pytest.raises(Killed):
+        forget(killed, s2, "bob", sessions=["bob-s2"])
+    monkeypatch.undo()
+    forget(killed, s2, "bob", sessions=["bob-s2"])
+    assert validity(killed) == validity(clean)
+    stored = {r for name in ("messages", "fragments", "insights")
+              for r in killed.read(name, "bob", columns=["id"]).column("id").to_pylist()}
+    assert all(by in stored for _, by, _ in validity(killed) if by)
