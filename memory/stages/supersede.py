@@ -150,8 +150,8 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
             if f.get("superseded_by"):
                 break                                   # closed by a newer stored fragment
             c = frags[j]
-            if c.get("superseded_by") or not statement[j]:
-                continue                                # history: only current fragments change
+            if (c.get("superseded_by") and times[j] <= times[i]) or not statement[j]:
+                continue      # history: only current fragments change; a closed newer one still closes a late f
             newer, older = (f, c) if times[j] <= times[i] else (c, f)
             verdict = decide(newer, older, sim, lambda: earlier(older))   # "restatement": nothing changes
             if verdict == "update":

@@ -15,7 +15,7 @@ from memory.settings import Settings
 from memory.stages.reason import pair_context
 from memory.stages.shard import Cluster, Link, ShardState, all_fragments
 from memory.store import Store
-from tests.helpers import SAMPLE, ingest_and_consolidate
+from tests.helpers import SAMPLE, add_part, copy_store, ingest_and_consolidate
 
 LATE = "alice-s2"     # 2024-03-16, between alice-s1 (03-02) and alice-s3 (03-30)
 
@@ -115,3 +115,21 @@ def test_links_and_pool_in_time_order(stores: dict[str, Any]) -> None:
         if lk:
             assert i["session_ts"] == max(clusters[lk["pool_cluster_id"]]["session_ts"],
                                           clusters[lk["new_cluster_id"]]["session_ts"])
+
+
+def test_a_late_fact_is_closed_by_a_newer_stored_one_even_when_that_one_was_replaced(
+        consolidated_sample: Any, tmp_path: Path) -> None:
+    """Bob's stored "8 miles" was replaced by "10 miles"; a late session says "5 miles, my longest run
+    so far": the newer stored fragments close it, as a single run of everything does (a closed
+    candidate was skipped whatever its side, and the late fact stayed current)."""
+    store = copy_store(consolidated_sample[0], tmp_path / "store")
+    late = tmp_path / "bob-s0.jsonl"
+    late.write_text("".join(json.dumps({"user_id": "bob", "session_id": "bob-s0", "message_id": f"bob-s0-m0{i}",
+                                        "speaker": spk, "text": text, "timestamp": f"2024-03-01T19:0{i}:00Z"}) + "\n"
+                            for i, (spk, text) in enumerate([
+                                ("Bob", "I ran 5 miles yesterday, my longest run so far, and my left knee felt fine."),
+                                ("assistant", "Nice! Keep building slowly.")], start=1)))
+    add_part(store, late)
+    rows = store.read("fragments", "bob", columns=["source_ids", "content", "superseded_by"]).to_pylist()
+    five = [r for r in rows if "bob-s0-m01" in (r["source_ids"] or []) and "5 miles" in r["content"]]
+    assert five and all(r["superseded_by"] for r in five)
