@@ -29,7 +29,6 @@ def stores(tmp_path_factory: pytest.TempPathFactory, consolidated_sample: Any) -
     late.write_text("".join(json.dumps(r) + "\n" for r in rows if r["session_id"] == LATE))
     store = ingest_and_consolidate(tmp / "late-store", on_time)
     before = {t: store.read(t, "alice").num_rows for t in ("fragments", "graph_nodes", "summaries")}
-    from tests.helpers import add_part
     report = add_part(store, late)
     shutil.copytree(tmp / "late-store", tmp / "rebuilt")
     reb = Settings(store=str(tmp / "rebuilt"), rebuild_graph=True)
