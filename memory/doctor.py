@@ -23,6 +23,10 @@
 - `unfinished_forgets`: forget runs recorded `started` or `purging` (a forget that died: the forgotten
   text may still be on disk until the next forget finishes it, which only `mnemo forget` does).
 
+- `dangling_pointers`: fragments and insights whose validity (`superseded_by`, `contradicts`) names a
+  row stored nowhere, which keeps a current value closed; `clear_dangling` resets them, as a forget
+  does for what it deletes.
+
 `check(store, fix=...)` runs them all; `mnemo doctor [--fix]` prints it.
 """
 from __future__ import annotations
@@ -37,7 +41,7 @@ from lancedb.expr import col, lit
 from memory import schemas
 from memory.ingest.common import OBSERVATIONS_SCHEMA
 from memory.ingest.validate import sessions_frame
-from memory.store import Store
+from memory.store import Store, users_filter
 
 #: the column naming the messages a memory row comes from
 SOURCES = "source_ids"
@@ -186,6 +190,46 @@ def unfinished_forgets(store: Store) -> list[dict[str, Any]]:
     return sorted(({**r, "users": r["users"] or []} for r in rows.to_pylist()), key=lambda r: r["id"])
 
 
+#: validity columns naming another memory (issue 12), and the columns reset with each when it dangles
+POINTERS = {"superseded_by": ("superseded_by", "valid_until"), "contradicts": ("contradicts",)}
+
+
+def dangling_pointers(store: Store) -> dict[str, list[dict[str, Any]]]:
+    """{table: [{id, user_id, names}]}: fragments and insights whose validity pointers name a row
+    stored nowhere (no turn, fragment or insight of their user: a forget killed after deleting the
+    messages and finished by an older mnemo), which keep a current value closed."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in ("fragments", "insights"):
+        if not store.has_table(name):
+            continue
+        rows = [r for r in store.read(name, columns=["id", "user_id", *POINTERS]).to_pylist()
+                if any(r[c] for c in POINTERS)]
+        users = sorted({r["user_id"] for r in rows})
+        known = {i for table in ("messages", "fragments", "insights") if users and store.has_table(table)
+                 for i in store.read(table, columns=["id"], where=users_filter(users)).column("id").to_pylist()}
+        bad = [{"id": r["id"], "user_id": r["user_id"], "names": [r[c] for c in POINTERS if r[c] and r[c] not in known]}
+               for r in rows]
+        if found := [b for b in bad if b["names"]]:
+            out[name] = found
+    return out
+
+
+def clear_dangling(store: Store, found: dict[str, list[dict[str, Any]]]) -> int:
+    """Reset the dangling pointers `dangling_pointers` found (the value they closed is current again,
+    as a forget leaves it), under the writer lease; returns the rows rewritten."""
+    done = 0
+    for name, bad in found.items():
+        names = {b["id"]: set(b["names"]) for b in bad}
+        with store.write_lease():
+            rows = store.read_ids(name, names).to_pylist()
+            for r in rows:
+                for pointer, columns in POINTERS.items():
+                    if r.get(pointer) in names[r["id"]]:
+                        r.update(dict.fromkeys(columns))
+            done += store.upsert(name, rows)
+    return done
+
+
 @dataclass
 class DoctorReport:
     """What `check` found (and removed, with `fix`)."""
@@ -199,13 +243,16 @@ class DoctorReport:
     sessions: list[dict[str, Any]] = field(default_factory=list)  # session rows disagreeing with messages
     sessions_remade: int = 0
     forgets: list[dict[str, Any]] = field(default_factory=list)   # forget runs left unfinished
+    dangling: dict[str, list[dict[str, Any]]] = field(default_factory=dict)   # pointers to rows stored nowhere
+    pointers_cleared: int = 0
 
     @property
     def ok(self) -> bool:
         """No duplicates left (none found, or all removed), no missing sources, and every session row
         agreeing with its messages (or remade)."""
         return (not self.duplicates or self.removed_all()) and not self.missing \
-            and self.sessions_remade == len(self.sessions) and not self.forgets
+            and self.sessions_remade == len(self.sessions) and not self.forgets \
+            and self.pointers_cleared == sum(len(v) for v in self.dangling.values())
 
     def removed_all(self) -> bool:
         return all(self.removed.get(t, 0) == sum(n - 1 for n in d.values()) for t, d in self.duplicates.items())
@@ -232,6 +279,11 @@ class DoctorReport:
             out.append(f"forget {r['id']} of {', '.join(r['users'])} is {r['status']}: unless it runs now, the "
                        f"forgotten text may still be on disk; `mnemo forget {r['users'][0] if r['users'] else 'USER'}` "
                        "finishes it")
+        for name, bad in self.dangling.items():
+            sample = "; ".join(f"{b['id']} ({b['user_id']}: {', '.join(b['names'])})" for b in bad[:examples])
+            done = f"; cleared {self.pointers_cleared}" if self.pointers_cleared else \
+                " (they keep a value closed; `mnemo doctor --fix` clears them)"
+            out.append(f"{name}: {len(bad)} rows whose validity names a row stored nowhere, e.g. {sample}{done}")
         if not out:
             out.append("no duplicate ids, no missing sources, session rows agree with their messages")
         for name, n in self.unstored.items():
@@ -246,7 +298,8 @@ class DoctorReport:
         return {"duplicates": self.duplicates, "missing_sources": self.missing, "removed": self.removed,
                 "unstored_terms": self.unstored, "terms_stored": self.terms_stored, "compacted": self.compacted,
                 "sessions": self.sessions, "sessions_remade": self.sessions_remade,
-                "unfinished_forgets": self.forgets, "ok": self.ok}
+                "unfinished_forgets": self.forgets, "dangling_pointers": self.dangling,
+                "pointers_cleared": self.pointers_cleared, "ok": self.ok}
 
 
 def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None = None) -> DoctorReport:
@@ -256,14 +309,16 @@ def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None
     Rows without stored terms are not a problem (`ok`): they are slower."""
     report = DoctorReport(duplicates=duplicate_ids(store), missing=missing_sources(store),
                           unstored=unstored_terms(store), sessions=session_mismatches(store),
-                          forgets=unfinished_forgets(store))
+                          forgets=unfinished_forgets(store), dangling=dangling_pointers(store))
+    if fix and report.dangling:
+        report.pointers_cleared = clear_dangling(store, report.dangling)
     if fix and report.sessions:
         report.sessions_remade = remake_sessions(store, report.sessions)
     if fix and report.duplicates:
         report.removed = remove_duplicates(store, list(report.duplicates))
     if fix and report.unstored:
         report.terms_stored = store_terms(store, list(report.unstored))
-    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored)
+    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored) | set(report.dangling)
                          | ({"sessions"} if report.sessions_remade else set())):
         report.compacted = store.optimize(changed, cleanup_older_than_s=cleanup_older_than_s)
     return report

@@ -140,3 +140,25 @@ def test_a_forget_left_unfinished_is_reported(sample_store: Store) -> None:
     lancedb.connect(sample_store.uri).open_table("runs").update(where="kind = 'forget'", values={"status": "purging"})
     res = doctor(sample_store)
     assert res.exit_code == 1 and "of alice is purging" in res.output and "mnemo forget alice" in res.output, res.output
+
+
+def test_validity_naming_a_row_stored_nowhere_is_reported_and_cleared_by_fix(sample_store: Store) -> None:
+    """A fragment closed by a row that no longer exists (what a forget killed after deleting the
+    messages left, before forgets cleared such pointers) keeps a current value closed: reported,
+    exit 1, and `--fix` makes it current again; pointers to stored rows are left alone."""
+    closed = [r for r in sample_store.read("fragments").to_pylist() if r["superseded_by"]]
+    assert closed, "the sample has a superseded fragment"
+    victim = {**closed[0], "superseded_by": "gone-row", "valid_until": "2024-03-19T20:10:00+00:00"}
+    sample_store.upsert("fragments", [victim])
+    report = check(sample_store)
+    assert report.dangling == {"fragments": [{"id": victim["id"], "user_id": victim["user_id"],
+                                              "names": ["gone-row"]}]} and not report.ok
+    res = doctor(sample_store)
+    assert res.exit_code == 1 and "1 rows whose validity names a row stored nowhere" in res.output, res.output
+    fixed = doctor(sample_store, "--fix")
+    assert fixed.exit_code == 0 and "cleared 1" in fixed.output, fixed.output
+    row = sample_store.read_ids("fragments", [victim["id"]]).to_pylist()[0]
+    assert row["superseded_by"] is None and row["valid_until"] is None
+    others = {r["id"]: r["superseded_by"] for r in closed[1:]}
+    assert {r["id"]: r["superseded_by"] for r in sample_store.read_ids("fragments", others).to_pylist()} == others
+    assert check(sample_store).ok
