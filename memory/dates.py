@@ -30,13 +30,14 @@ How it works, and the choices made where the paper is silent:
 from __future__ import annotations
 
 import re
-from datetime import date, datetime
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
 from functools import lru_cache
 
 from memory.lexicon import IRREGULAR_PAST
 
 __all__ = ["find_time_expression", "time_match", "normalize_date", "has_future_intent", "has_past_tense",
-           "to_date"]
+           "to_date", "local_time"]
 
 _WEEKDAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
 _MONTH = (r"(?:january|february|march|april|may|june|july|august|september|october|november|december"
@@ -146,6 +147,15 @@ def has_future_intent(text: str) -> bool:
 def has_past_tense(text: str) -> bool:
     """A past-tense or present-perfect verb (went, visited, I've tried, have been, ... ago)."""
     return _PAST_RE.search(text.lower()) is not None or _PAST_CASED_RE.search(text) is not None
+
+
+def local_time(message: dict[str, Any]) -> datetime:
+    """A message's time in its speaker's zone: `ts` (UTC) moved by its `utc_offset_min` when the
+    archive gave one; "yesterday" said at 23:30 -08:00 on 10 February is the 9th, not the 10th."""
+    ts, offset = message["ts"], message.get("utc_offset_min")
+    if offset is None or not isinstance(ts, datetime):
+        return ts
+    return ts.astimezone(timezone(timedelta(minutes=int(offset))))
 
 
 def to_date(ts: datetime | date | str) -> date:

@@ -14,7 +14,7 @@ from memory.ids import validate_user_id
 __all__ = ["FORMATS", "FOLDER_FORMATS", "STAGE", "REUSED_ID", "FIELDS", "MAX_TEXT_CHARS", "MAX_ID_CHARS", "TS",
            "MESSAGES_SCHEMA", "SESSIONS_SCHEMA", "OBSERVATIONS_SCHEMA", "FrameSchema", "ArchiveBatch", "Reader",
            "quarantine_row", "valid_user", "dump_raw", "has_surrogate", "row_problem", "parse_time", "bad_time",
-           "record"]
+           "record", "utc_offset_min"]
 
 FORMATS = ("locomo", "longmemeval", "jsonl", "parquet", "beam")
 #: formats whose PATH may also be a folder (the others read one file)
@@ -33,8 +33,8 @@ TS = pl.Datetime("us", "UTC")
 #: a frame schema: column name -> Polars dtype (a dtype class such as pl.String, or an instance)
 FrameSchema = dict[str, "pl.DataType | type[pl.DataType]"]
 MESSAGES_SCHEMA: FrameSchema = {"id": pl.String, "user_id": pl.String, "session_id": pl.String, "message_id": pl.String,
-             "seq": pl.Int32, "speaker": pl.String, "text": pl.String, "ts": TS, "archive": pl.String,
-             "source": pl.String, "raw": pl.String}
+             "seq": pl.Int32, "speaker": pl.String, "text": pl.String, "ts": TS, "utc_offset_min": pl.Int32,
+             "archive": pl.String, "source": pl.String, "raw": pl.String}
 SESSIONS_SCHEMA: FrameSchema = {"id": pl.String, "user_id": pl.String, "session_id": pl.String, "ts": TS,
              "n_messages": pl.Int32, "speakers": pl.List(pl.String), "archive": pl.String,
              "observed": pl.Boolean}
@@ -138,13 +138,24 @@ def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
         return None
 
 
+def utc_offset_min(value: Any) -> int | None:
+    """The UTC offset in minutes an ISO 8601 timestamp (or an aware datetime) gives, None when it gives
+    none: what `parse_time` turns into UTC, kept so dates are read in the speaker's time."""
+    try:
+        dt = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).strip())
+    except ValueError:
+        return None
+    offset = dt.utcoffset()
+    return None if offset is None else int(offset.total_seconds() // 60)
+
+
 def bad_time(value: Any) -> str:
     """The quarantine reason for a timestamp that does not parse."""
     return f"unparsable timestamp: {str(value)[:60]!r}"
 
 
 def record(user_id: Any, session_id: str, message_id: str, speaker: str, text: str, ts: datetime,
-           source: str, raw: str) -> dict[str, Any]:
-    """One message record as every reader yields it."""
+           source: str, raw: str, offset: int | None = None) -> dict[str, Any]:
+    """One message record as every reader yields it (`offset`: `utc_offset_min` of its timestamp)."""
     return {"user_id": user_id, "session_id": session_id, "message_id": message_id, "speaker": speaker,
-            "text": text, "ts": ts, "source": source, "raw": raw}
+            "text": text, "ts": ts, "utc_offset_min": offset, "source": source, "raw": raw}

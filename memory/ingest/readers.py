@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from memory.errors import IngestError
 from memory.ingest.beam import read_beam
 from memory.ingest.common import (FIELDS, Reader, bad_time, dump_raw, has_surrogate, parse_time,
-                                  quarantine_row, record)
+                                  quarantine_row, record, utc_offset_min)
 
 __all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations", "from_mapping"]
 
@@ -157,7 +157,7 @@ def from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict[
     if ts is None:
         return "bad", quarantine_row(user, source, bad_time(values["timestamp"]), raw)
     return "msg", record(values["user_id"], values["session_id"], values["message_id"], values["speaker"],
-                          values["text"], ts, source, raw)
+                          values["text"], ts, source, raw, utc_offset_min(values["timestamp"]))
 
 
 def _read_jsonl(path: Path) -> Reader:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from memory import prompts
-from memory.dates import normalize_date
+from memory.dates import local_time, normalize_date
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
 from memory.settings import Settings
@@ -87,7 +87,8 @@ def observation_items(session: SessionWork) -> list[dict[str, Any]]:
         category = categorize(content)
         items.append({
             "subject": obs["subject"], "category": category, "key": key_phrase(content, obs["subject"]),
-            "content": content, "date": normalize_date(content, session.ts, category),
+            "content": content, "date": normalize_date(
+                content, local_time(session.messages[0]) if session.messages else session.ts, category),
             "source_ids": list(obs["source_ids"]),
         })
     return items

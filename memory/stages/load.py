@@ -144,7 +144,7 @@ def add_sessions(store: Store, state: ShardState, user: str, planned: list[Plann
         messages = []
         for r in rows:
             m = {"message_id": r["message_id"], "speaker": r["speaker"], "text": r["text"], "ts": r["ts"],
-                 "seq": r["seq"]}
+                 "seq": r["seq"], "utc_offset_min": r.get("utc_offset_min")}
             if mode != "new" and r["vector"] is not None:
                 m["vector"] = np.asarray(r["vector"], dtype=np.float32)
             messages.append(m)

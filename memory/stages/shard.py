@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
+from memory.dates import local_time
 from memory.embed import Embedder, embedder_for
 from memory.graph import Node, node_of
 from memory.ids import make_id
@@ -74,7 +75,7 @@ class SessionWork:
         return {
             "user_id": self.user_id, "session_id": self.session_id, "participants": self.participants,
             "messages": [{"message_id": m["message_id"], "speaker": m["speaker"], "text": m["text"],
-                          "ts": m["ts"].isoformat()} for m in self.messages],
+                          "ts": local_time(m).isoformat()} for m in self.messages],   # the speaker's time
         }
 
 

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memory.dates import local_time
 from memory.embed import Embedder
 from memory.llm.rules.statements import sentence_item
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, Quantity, decide, is_statement, quantities
@@ -238,7 +239,8 @@ def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], embedder
         session, m = where[mid]
         speaker = str(m.get("speaker") or "").strip() or "Unknown"
         said: datetime = m.get("ts") or session.ts
-        row = fragment_row(session, sentence_item(sentence, speaker, said, mid), run_id=run_id, backend="rules",
+        row = fragment_row(session, sentence_item(sentence, speaker, local_time(m) if m.get("ts") else said, mid),
+                           run_id=run_id, backend="rules",
                            model="rules", prompt_version=SUPERSEDE_VERSION)
         row.update(links, supersede_version=SUPERSEDE_VERSION, valid_from=said.isoformat())
         rows.append(row)

@@ -60,3 +60,24 @@ def test_a_role_is_not_embedded_a_name_is() -> None:
     assert turn_text("User", "I play guitar.") == "I play guitar."
     assert turn_text("Caroline", "I adopted a dog.") == "Caroline: I adopted a dog."
     assert turn_text(None, "hello") == "hello"
+
+
+def test_relative_dates_are_read_in_the_speakers_time(tmp_path: Path) -> None:
+    """"Yesterday", said at 23:32 on 10 February at UTC-8 (07:32 on the 11th in UTC), is the 9th: the
+    timestamp's offset is stored with the turn and dates are read in it; a turn without an offset
+    stays UTC."""
+    rows = [{"user_id": "carol", "session_id": "s1", "message_id": "m1", "speaker": "Carol",
+             "text": "Yesterday I submitted my cover letter to the Acme marketing job.",
+             "timestamp": "2024-02-10T23:32:00-08:00"},
+            {"user_id": "carol", "session_id": "s2", "message_id": "m2", "speaker": "Carol",
+             "text": "Yesterday I booked the flights to Lisbon for the design conference.",
+             "timestamp": "2024-03-10T23:32:00"}]
+    archive = tmp_path / "carol.jsonl"
+    archive.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = ingest_and_consolidate(tmp_path / "store", archive, llm="rules")
+    offsets = dict(zip(*store.read("messages", "carol", columns=["message_id", "utc_offset_min"]).to_pydict().values()))
+    assert offsets == {"m1": -480, "m2": None}
+    dates = {tuple(r["source_ids"]): r["date"] for r in store.read("fragments", "carol").to_pylist()}
+    assert dates[("m1",)] == "2024-02-09" and dates[("m2",)] == "2024-03-09"
+    stored = store.read("messages", "carol", columns=["message_id", "ts"]).to_pylist()
+    assert {r["message_id"]: r["ts"].isoformat() for r in stored}["m1"] == "2024-02-11T07:32:00+00:00"   # UTC
