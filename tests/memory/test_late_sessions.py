@@ -132,3 +132,21 @@ def test_a_late_fact_is_closed_by_a_newer_stored_one_even_when_that_one_was_repl
     rows = store.read("fragments", "bob", columns=["source_ids", "content", "superseded_by"]).to_pylist()
     five = [r for r in rows if "bob-s0-m01" in (r["source_ids"] or []) and "5 miles" in r["content"]]
     assert five and all(r["superseded_by"] for r in five)
+
+
+def test_a_chain_of_three_values_in_one_run_leaves_only_the_last_current(tmp_path: Path) -> None:
+    """5 -> 8 -> 10 miles in one run: the turn saying 10 is nearer the 5 (already replaced by the 8)
+    than the 8 by vector; it was linked to the 5 alone and the 8 stayed current. The nearest turn
+    whose values were all replaced no longer uses up the update's one older turn."""
+    extra = tmp_path / "bob-s0.jsonl"
+    extra.write_text("".join(json.dumps({"user_id": "bob", "session_id": "bob-s0", "message_id": f"bob-s0-m0{i}",
+                                         "speaker": spk, "text": text, "timestamp": f"2024-03-01T19:0{i}:00Z"}) + "\n"
+                             for i, (spk, text) in enumerate([
+                                 ("Bob", "I ran 5 miles yesterday, my longest run so far, and my left knee felt fine."),
+                                 ("assistant", "Nice! Keep building slowly.")], start=1)))
+    both = tmp_path / "all.jsonl"
+    both.write_text(SAMPLE.read_text() + extra.read_text())
+    store = ingest_and_consolidate(tmp_path / "store", both)
+    rows = store.read("fragments", "bob", columns=["source_ids", "content", "superseded_by"]).to_pylist()
+    miles = {r["content"][:14]: r["superseded_by"] for r in rows if "miles yesterday" in r["content"]}
+    assert miles and miles.get("Bob ran 8 mile") and miles.get("Bob ran 5 mile"), miles

@@ -163,8 +163,9 @@ class Turns:
         else:                                    # "never ..." sentences are rare: every older turn
             near, same = order, []
         cap = 1 if verdict == "update" else MAX_CONTRADICTED
+        spent = 0                                # turns counted toward `cap`
         for j in sorted(dict.fromkeys(near + same), key=lambda j: -float(sims[j])):
-            if len(out) >= cap:
+            if spent >= cap:
                 break
             m = self.rows[j]
             if m["message_id"] in own or str(m.get("speaker") or "").lower() != subject:
@@ -178,6 +179,10 @@ class Turns:
                     return []        # the nearest holder of the value is restated: nothing farther replaced
                 if found == verdict:
                     out.append(m["message_id"])
+                    held = history.citing.get(m["message_id"], []) if history is not None else []
+                    # an update's nearest turn whose values were all replaced already: the current
+                    # value is in another older turn, which the update reaches too
+                    spent += not (verdict == "update" and held and all(g.get("superseded_by") for g in held))
                     break
         return out             # a new value replaces one statement, the nearest; a denial a few
 
