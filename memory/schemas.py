@@ -72,10 +72,7 @@ def messages(dim: int) -> pa.Schema:
         pa.field("seq", pa.int32()),
         pa.field("speaker", pa.string()),
         pa.field("text", pa.string()),
-        pa.field("ts", TS),
-        #: the speaker's UTC offset in minutes as its timestamp gave it (null: none given, UTC): relative
-        #: dates ("yesterday" said at 23:30 -08:00) are read in the speaker's time (`dates.local_time`)
-        pa.field("utc_offset_min", pa.int32(), nullable=True),
+        pa.field("ts", TS), pa.field("utc_offset_min", pa.int32()),   # the timestamp's offset: `dates.local_time`
         pa.field("archive", pa.string()),
         pa.field("vector", vector_type(dim), nullable=True),
         pa.field("embed_model", pa.string()),
