@@ -116,19 +116,24 @@ def test_links_and_pool_in_time_order(stores: dict[str, Any]) -> None:
                                           clusters[lk["new_cluster_id"]]["session_ts"])
 
 
+def bob_five_miles(tmp_path: Path) -> Path:
+    """A session of Bob's dated before all of his (1 March 2024): "5 miles, my longest run so far"."""
+    path = tmp_path / "bob-s0.jsonl"
+    turns = [("Bob", "I ran 5 miles yesterday, my longest run so far, and my left knee felt fine."),
+             ("assistant", "Nice! Keep building slowly.")]
+    path.write_text("".join(json.dumps({"user_id": "bob", "session_id": "bob-s0", "message_id": f"bob-s0-m0{i}",
+                                        "speaker": spk, "text": text, "timestamp": f"2024-03-01T19:0{i}:00Z"}) + "\n"
+                            for i, (spk, text) in enumerate(turns, start=1)))
+    return path
+
+
 def test_a_late_fact_is_closed_by_a_newer_stored_one_even_when_that_one_was_replaced(
         consolidated_sample: Any, tmp_path: Path) -> None:
     """Bob's stored "8 miles" was replaced by "10 miles"; a late session says "5 miles, my longest run
     so far": the newer stored fragments close it, as a single run of everything does (a closed
     candidate was skipped whatever its side, and the late fact stayed current)."""
     store = copy_store(consolidated_sample[0], tmp_path / "store")
-    late = tmp_path / "bob-s0.jsonl"
-    late.write_text("".join(json.dumps({"user_id": "bob", "session_id": "bob-s0", "message_id": f"bob-s0-m0{i}",
-                                        "speaker": spk, "text": text, "timestamp": f"2024-03-01T19:0{i}:00Z"}) + "\n"
-                            for i, (spk, text) in enumerate([
-                                ("Bob", "I ran 5 miles yesterday, my longest run so far, and my left knee felt fine."),
-                                ("assistant", "Nice! Keep building slowly.")], start=1)))
-    add_part(store, late)
+    add_part(store, bob_five_miles(tmp_path))
     rows = store.read("fragments", "bob", columns=["source_ids", "content", "superseded_by"]).to_pylist()
     five = [r for r in rows if "bob-s0-m01" in (r["source_ids"] or []) and "5 miles" in r["content"]]
     assert five and all(r["superseded_by"] for r in five)
@@ -138,14 +143,8 @@ def test_a_chain_of_three_values_in_one_run_leaves_only_the_last_current(tmp_pat
     """5 -> 8 -> 10 miles in one run: the turn saying 10 is nearer the 5 (already replaced by the 8)
     than the 8 by vector; it was linked to the 5 alone and the 8 stayed current. The nearest turn
     whose values were all replaced no longer uses up the update's one older turn."""
-    extra = tmp_path / "bob-s0.jsonl"
-    extra.write_text("".join(json.dumps({"user_id": "bob", "session_id": "bob-s0", "message_id": f"bob-s0-m0{i}",
-                                         "speaker": spk, "text": text, "timestamp": f"2024-03-01T19:0{i}:00Z"}) + "\n"
-                             for i, (spk, text) in enumerate([
-                                 ("Bob", "I ran 5 miles yesterday, my longest run so far, and my left knee felt fine."),
-                                 ("assistant", "Nice! Keep building slowly.")], start=1)))
     both = tmp_path / "all.jsonl"
-    both.write_text(SAMPLE.read_text() + extra.read_text())
+    both.write_text(SAMPLE.read_text() + bob_five_miles(tmp_path).read_text())
     store = ingest_and_consolidate(tmp_path / "store", both)
     rows = store.read("fragments", "bob", columns=["source_ids", "content", "superseded_by"]).to_pylist()
     miles = {r["content"][:14]: r["superseded_by"] for r in rows if "miles yesterday" in r["content"]}
