@@ -41,7 +41,8 @@ from lancedb.expr import col, lit
 from memory import schemas
 from memory.ingest.common import OBSERVATIONS_SCHEMA
 from memory.ingest.validate import sessions_frame
-from memory.store import Store, users_filter
+from memory.pointers import POINTERS, clear_pointers, unstored
+from memory.store import Store
 
 #: the column naming the messages a memory row comes from
 SOURCES = "source_ids"
@@ -190,24 +191,19 @@ def unfinished_forgets(store: Store) -> list[dict[str, Any]]:
     return sorted(({**r, "users": r["users"] or []} for r in rows.to_pylist()), key=lambda r: r["id"])
 
 
-#: validity columns naming another memory (issue 12), and the columns reset with each when it dangles
-POINTERS = {"superseded_by": ("superseded_by", "valid_until"), "contradicts": ("contradicts",)}
-
-
 def dangling_pointers(store: Store) -> dict[str, list[dict[str, Any]]]:
     """{table: [{id, user_id, names}]}: fragments and insights whose validity pointers name a row
     stored nowhere (no turn, fragment or insight of their user: a forget killed after deleting the
     messages and finished by an older mnemo), which keep a current value closed."""
+    pointers = [p for p, _ in POINTERS]
     out: dict[str, list[dict[str, Any]]] = {}
     for name in ("fragments", "insights"):
         if not store.has_table(name):
             continue
-        rows = [r for r in store.read(name, columns=["id", "user_id", *POINTERS]).to_pylist()
-                if any(r[c] for c in POINTERS)]
-        users = sorted({r["user_id"] for r in rows})
-        known = {i for table in ("messages", "fragments", "insights") if users and store.has_table(table)
-                 for i in store.read(table, columns=["id"], where=users_filter(users)).column("id").to_pylist()}
-        bad = [{"id": r["id"], "user_id": r["user_id"], "names": [r[c] for c in POINTERS if r[c] and r[c] not in known]}
+        rows = [r for r in store.read(name, columns=["id", "user_id", *pointers]).to_pylist()
+                if any(r[p] for p in pointers)]
+        gone = unstored(store, {r["user_id"] for r in rows}, {r[p] for r in rows for p in pointers if r[p]})
+        bad = [{"id": r["id"], "user_id": r["user_id"], "names": [r[p] for p in pointers if r[p] in gone]}
                for r in rows]
         if found := [b for b in bad if b["names"]]:
             out[name] = found
@@ -216,17 +212,12 @@ def dangling_pointers(store: Store) -> dict[str, list[dict[str, Any]]]:
 
 def clear_dangling(store: Store, found: dict[str, list[dict[str, Any]]]) -> int:
     """Reset the dangling pointers `dangling_pointers` found (the value they closed is current again,
-    as a forget leaves it), under the writer lease; returns the rows rewritten."""
+    as a forget leaves it: `pointers.clear_pointers`), under the writer lease; returns the rows rewritten."""
     done = 0
     for name, bad in found.items():
-        names = {b["id"]: set(b["names"]) for b in bad}
         with store.write_lease():
-            rows = store.read_ids(name, names).to_pylist()
-            for r in rows:
-                for pointer, columns in POINTERS.items():
-                    if r.get(pointer) in names[r["id"]]:
-                        r.update(dict.fromkeys(columns))
-            done += store.upsert(name, rows)
+            rows = store.read_ids(name, [b["id"] for b in bad])
+            done += store.upsert(name, clear_pointers(rows, {n for b in bad for n in b["names"]}))
     return done
 
 

@@ -46,10 +46,11 @@ import pyarrow as pa
 from lancedb.expr import col, lit
 
 from memory.embed import check_embedder, embedder_for
-from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, clear_pointers, feedback_ids, plan,
-                                 reranker_ids, rerun_state, settle_appends)
+from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, feedback_ids, plan, reranker_ids,
+                                 rerun_state, settle_appends)
 from memory.forget_quarantine import quarantine_ids
 from memory.forget_purge import dir_bytes, purge
+from memory.pointers import POINTERS, clear_pointers, unstored
 from memory.ids import make_id
 from memory.lease import run_lease
 from memory.llm.cache import ResponseCache, text_key
@@ -368,26 +369,15 @@ def pointer_resets(store: Store, user: str, name: str, hidden: set[str], dead: s
     pointer naming a row stored nowhere is one too (a forget killed after deleting the messages and
     finished by the next one: the finishing forget no longer sees those rows among its deletions)."""
     t = store.read(name, user)
-    if not t.num_rows or not any(c in t.column_names for c in ("superseded_by", "contradicts")):
+    pointers = [p for p, _ in POINTERS if p in t.column_names]
+    if not t.num_rows or not pointers:
         return []
-    targets = {r.get(c) for r in t.to_pylist() for c in ("superseded_by", "contradicts")} - {None, ""}
-    dead = dead | (targets - stored_ids(store, user, targets))
-    rows = [r for r in t.to_pylist() if r["id"] not in hidden
-            and (r.get("superseded_by") in dead or r.get("contradicts") in dead)]
+    stored = t.to_pylist()
+    dead = dead | unstored(store, [user], {r[p] for r in stored for p in pointers if r[p]})
+    rows = [r for r in stored if r["id"] not in hidden and any(r[p] in dead for p in pointers)]
     if not rows:
         return []
     return clear_pointers(pa.Table.from_pylist(rows, schema=t.schema), dead).to_pylist()
-
-
-def stored_ids(store: Store, user: str, ids: set[str]) -> set[str]:
-    """Which of `ids` name a stored row of the user's (a turn, a fragment, an insight: what validity
-    pointers name)."""
-    found: set[str] = set()
-    for name in ("messages", "fragments", "insights"):
-        if ids - found and store.has_table(name):
-            t = store.read(name, user, columns=["id"], where=col("id").isin(sorted(ids - found)))
-            found |= set(t.column("id").to_pylist())
-    return found
 
 
 def cache_memory_ids(p: Plan) -> set[str]:

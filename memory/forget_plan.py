@@ -30,6 +30,7 @@ from memory.errors import ConfigError
 from memory.ids import validate_user_id
 from memory.ingest.common import OBSERVATIONS_SCHEMA, has_surrogate
 from memory.ingest.validate import sessions_frame
+from memory.pointers import clear_pointers
 from memory.stages.load import EPOCH, add_sessions, read_progress
 from memory.stages.shard import Cluster, ShardState, active, frame
 from memory.store import Store
@@ -368,10 +369,6 @@ class ReuseEmbedder(Embedder):
         return out
 
 
-#: validity columns (issue 12) that point at another memory: reset when that memory is rolled back
-POINTERS = (("superseded_by", ("valid_until", "superseded_by")), ("contradicts", ("contradicts",)))
-
-
 class RollbackView(Store):
     """The store as the re-derivation must see it: the rows the forget deletes hidden, and validity
     pointers to them cleared, so every stage reads the user's memory as of W whatever it filters by
@@ -396,18 +393,3 @@ class RollbackView(Store):
         if name in ("fragments", "insights") and self.dead and t.num_rows:
             t = clear_pointers(t, self.dead)
         return t
-
-
-def clear_pointers(t: pa.Table, dead: set[str]) -> pa.Table:
-    """`t` with the validity pointers to `dead` memories (and their `valid_until`) set to null."""
-    for pointer, cleared in POINTERS:
-        if pointer not in t.column_names:
-            continue
-        hit = pc.fill_null(pc.is_in(t.column(pointer), value_set=pa.array(sorted(dead))), False)
-        if not pc.any(hit).as_py():
-            continue
-        for c in cleared:
-            if c in t.column_names:
-                i = t.column_names.index(c)
-                t = t.set_column(i, c, pc.if_else(hit, pa.nulls(t.num_rows, t.schema.field(c).type), t.column(c)))
-    return t
