@@ -127,12 +127,13 @@ def stale_phases(state: ShardState, ctx: StageContext, user: str,
         return []
     members = {n.id: n for n in stored_nodes(ctx.store, user, state.watermarks[user][0], ("fragment",),
                                              ids={m for _, r in stale for m in r["member_ids"]})}
+    every = list(members.values())           # one read each for all the stale phases' members
+    said, closed = assistant_turns(state, ctx, user, every), superseded(state, ctx, user, every)
     out = []
     for number, row in stale:
         nodes = sorted((members[m] for m in row["member_ids"] if m in members), key=Node.order)
         if nodes:
-            c = phase_context(user, number, nodes, assistant_turns(state, ctx, user, nodes),
-                              superseded(state, ctx, user, nodes))
+            c = phase_context(user, number, nodes, said, closed)
             out.append(({**c, "phase_id": row["id"]}, nodes))
     log.info("user %s: %d stored phase(s) hold a fragment replaced in this run: summarized again", user, len(out))
     return out
