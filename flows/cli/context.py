@@ -41,10 +41,15 @@ def existing_store(settings: Settings) -> Settings:
     """`settings`, when their store exists (a local path; a URI is taken as given): a nightly job whose
     --store or MNEMO_STORE is mistyped must fail, not make an empty store and succeed every night."""
     uri = settings.store
-    if "://" not in uri and not Path(uri).exists():
+    if not store_exists(uri):
         raise ConfigError(f"no store at {uri}: `mnemo ingest` or `mnemo backfill` makes one; check --store / "
                           "MNEMO_STORE", store=uri)
     return settings
+
+
+def store_exists(uri: str) -> bool:
+    """Whether a store may be at `uri`: a local path that exists, or any URI (taken as given)."""
+    return "://" in uri or Path(uri).exists()
 
 
 def csv(value: str | None) -> list[str]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from flows.cli.context import existing_store, settings_of
+from flows.cli.context import existing_store, settings_of, store_exists
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
 from memory.settings import Settings
@@ -31,7 +30,7 @@ def open_retriever(settings: Settings, *, serving: bool = False) -> "Retriever":
 
     if not serving:
         existing_store(settings)
-    elif "://" not in settings.store and not Path(settings.store).exists():
+    elif not store_exists(settings.store):
         log.warning("no store at %s yet: serving an empty one (appends fill it); check --store / MNEMO_STORE "
                     "if one was meant to be there", settings.store)
     return Retriever.open(settings.store, settings)
