@@ -87,6 +87,9 @@ class RetrievalSettings(BaseModel):
         "not searched (strategies.assistant_memories); empty: search every memory. Consolidation reads it too: "
         "such fragments are capped per turn (extract), never compared (supersede) and not summarized; a "
         "change applies to what is consolidated after it")
+    recall_boost: float = Field(0.1, ge=0.0, le=1.0, description="added to an assistant's raw turns in the hybrid "
+                                "score when the query asks what the assistant said before (\"How did you "
+                                "recommend ...?\", not \"Can you recommend ...?\"; retrieval.recall_cue); 0: off")
     turn_pool_gamma: float = Field(0.0, ge=0.0, description="with > 0 the deduplicating strategies rank a "
                                    "turn once with the single-source memories citing it (its fragments): "
                                    "s_turn + n^-γ·max(0, best member − s_turn) for n members (strategies."

@@ -19,6 +19,7 @@ from retrieval import rfmem
 from retrieval.calibration import calibrate
 from retrieval.index import UserIndex
 from retrieval.lexical import normalized
+from retrieval.recall_cue import asks_what_you_said, assistant_turns
 
 
 @dataclass
@@ -50,7 +51,8 @@ class Query:
         return self.index.memo("rows:" + ",".join(wanted) + "|" + ",".join(voices), build)
 
     def prior(self, rows: np.ndarray, z_scores: np.ndarray) -> np.ndarray:
-        """Kind weights plus the weighted, max-normalized BM25 score of each row."""
+        """Kind weights plus the weighted, max-normalized BM25 score of each row, and the assistant's
+        turns' `recall_boost` when the query asks what the assistant said (`recall_cue`)."""
         s = self.settings
         weights = self.index.memo("kindw:" + repr(sorted(s.kind_weights.items())), lambda: _kind_weights(
             self.index.kinds, s.kind_weights))
@@ -59,6 +61,10 @@ class Query:
             bm = self.index.lexical(s.bm25_k1, s.bm25_b).scores(self.text)[rows]
             out += s.lexical_weight * normalized(bm)
             self.signals["lexical_hits"] = int((bm > 0).sum())
+        if s.recall_boost and s.assistant_speakers and asks_what_you_said(self.text):
+            theirs = assistant_turns(self.index, tuple(s.assistant_speakers))[rows]
+            out[theirs] += s.recall_boost
+            self.signals["recall_boosted"] = int(theirs.sum())
         return out
 
 

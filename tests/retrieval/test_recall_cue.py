@@ -1,0 +1,85 @@
+"""Queries about what the assistant said before (`retrieval.recall_cue`): the hybrid strategies
+lift the assistant's raw turns by `recall_boost` for "What did you recommend ...?", not for a
+request for new advice ("Can you recommend ...?")."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memory.embed import Embedder
+from memory.store import Store
+from retrieval import RetrievalSettings, Retriever
+from retrieval.recall_cue import asks_what_you_said, assistant_turns
+from tests.helpers import ts
+
+USER = "dana"
+TURNS = [("user", "My basil plant on the balcony keeps wilting and I keep forgetting to water it"),
+         ("assistant", "Try a self-watering pot or a weekly phone reminder, and water herbs when the top "
+                       "inch of soil feels dry."),
+         ("user", "Thanks, I'll look for a pot this weekend.")]
+ADVICE = f"{USER}-m1"
+
+
+@pytest.mark.parametrize("text, asks", [
+    ("How did you recommend structuring my sprint?", True),
+    ("What approach did you recommend for my resume?", True),
+    ("What was the plan you suggested last week?", True),
+    ("Remind me what you'd told me about stretching", True),
+    ("Have you ever mentioned a deadline?", True),
+    ("Can you recommend a good book?", False),
+    ("Could you suggest a name for my cat?", False),
+    ("What did I tell you about my sister?", False),
+    ("What did Caroline say about the parade?", False),
+    ("", False),
+    (None, False),
+])
+def test_the_cue_is_a_past_tense_with_you_as_subject(text: str | None, asks: bool) -> None:
+    assert asks_what_you_said(text) is asks
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store:
+    st = Store(str(tmp_path_factory.mktemp("recall") / "store"), dim=embedder.dim)
+    msgs: list[dict[str, Any]] = [
+        {"id": f"{USER}-m{i}", "user_id": USER, "session_id": "s1", "message_id": f"m{i}", "seq": i,
+         "speaker": sp, "text": text, "ts": ts(1)} for i, (sp, text) in enumerate(TURNS)]
+    for m, v in zip(msgs, embedder.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
+        m["vector"] = v
+    st.upsert("messages", msgs)
+    return st
+
+
+def _scores(store: Store, embedder: Embedder, query: str, **settings: Any) -> dict[str, float]:
+    r = Retriever(store, RetrievalSettings(refresh_ms=0, instruction_slots=0, **settings), embedder=embedder)
+    return {it.id: it.score for it in r.retrieve(USER, query, k=3, strategy="hybrid").items}
+
+
+def test_the_mask_marks_only_the_assistants_raw_turns(store: Store, embedder: Embedder) -> None:
+    idx = Retriever(store, RetrievalSettings(refresh_ms=0), embedder=embedder).user_index(USER)
+    ids = idx.meta.column("id").to_pylist()
+    assert [ids[i] for i in np.flatnonzero(assistant_turns(idx, ("Assistant",)))] == [ADVICE]
+    assert not assistant_turns(idx, ()).any() and not assistant_turns(idx, ("bot",)).any()
+
+
+def test_asking_what_the_assistant_recommended_lifts_its_turns(store: Store, embedder: Embedder) -> None:
+    query = "What did you recommend for my basil plant that keeps wilting?"
+    off = _scores(store, embedder, query, recall_boost=0.0)
+    on = _scores(store, embedder, query)
+    assert on[ADVICE] - off[ADVICE] == pytest.approx(0.1, abs=1e-5)               # the default boost
+    assert {i: on[i] for i in on if i != ADVICE} == {i: off[i] for i in off if i != ADVICE}
+    assert max(off, key=off.__getitem__) == f"{USER}-m0"                            # the user's own turn
+    strong = _scores(store, embedder, query, recall_boost=0.7)
+    assert max(strong, key=strong.__getitem__) == ADVICE
+
+
+def test_a_request_for_new_advice_is_not_lifted(store: Store, embedder: Embedder) -> None:
+    query = "Can you recommend something for my basil plant that keeps wilting?"
+    assert _scores(store, embedder, query, recall_boost=0.7) == _scores(store, embedder, query, recall_boost=0.0)
+
+
+def test_speakers_off_means_no_assistant_to_lift(store: Store, embedder: Embedder) -> None:
+    query = "What did you recommend for my basil plant that keeps wilting?"
+    assert (_scores(store, embedder, query, recall_boost=0.7, assistant_speakers=())
+            == _scores(store, embedder, query, recall_boost=0.0, assistant_speakers=()))
