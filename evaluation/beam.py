@@ -359,18 +359,24 @@ def table(res: ScaleResult, ks: Sequence[int] = KS) -> str:
     return "\n".join(lines)
 
 
+def per_message(seconds: float, messages: int, digits: int = 1) -> str:
+    """Milliseconds per message, or "n/a" when no message was consolidated (a reused store: the
+    seconds are then bookkeeping, not a cost per message)."""
+    return f"{1000 * seconds / messages:.{digits}f}" if messages else "n/a"
+
+
 def consolidation_lines(c: Consolidation) -> list[str]:
     """Seconds per chat, per message and per stage; peak memory."""
     n = max(1, len(c.chats))
     secs = [s for *_, s in c.chats]
     total_stages = sum(c.stages.values()) or 1e-9
     stages = ", ".join(f"{k} {v:.1f}s ({100 * v / total_stages:.0f}%)" for k, v in c.stages.items())
-    per_chat = "; ".join(f"{u} {m} msg {s:.1f}s ({1000 * s / max(1, m):.0f} ms/msg)" for u, m, s in c.chats)
+    per_chat = "; ".join(f"{u} {m} msg {s:.1f}s ({per_message(s, m, 0)} ms/msg)" for u, m, s in c.chats)
     return [f"consolidation: {len(c.chats)} chats, {c.messages} messages, {c.seconds:.1f} s = "
             f"{c.seconds / n:.1f} s/chat (min {min(secs, default=0):.1f}, max {max(secs, default=0):.1f}), "
-            f"{1000 * c.seconds / max(1, c.messages):.1f} ms/message; ingest {c.ingest_s:.1f} s, "
+            f"{per_message(c.seconds, c.messages)} ms/message; ingest {c.ingest_s:.1f} s, "
             f"model load {c.model_load_s:.1f} s (both before the clock); process CPU {c.cpu_s:.1f} s = "
-            f"{1000 * c.cpu_s / max(1, c.messages):.1f} ms/message",
+            f"{per_message(c.cpu_s, c.messages)} ms/message",
             f"stages: {stages or 'none (already consolidated)'}",
             f"per chat: {per_chat}",
             f"peak RSS after consolidation {c.peak_mb:.0f} MiB (process max so far)"]

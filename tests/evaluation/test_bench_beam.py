@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from evaluation.beam import UpdateFirst, evidence_ids, report, run_beam, scale_order
+from evaluation.beam import (Consolidation, UpdateFirst, consolidation_lines, evidence_ids, report, run_beam,
+                             scale_order)
 from memory.errors import ConfigError
 from memory.settings import Settings
 from retrieval.retriever import RetrievalResult, UnknownStrategyError
@@ -134,3 +135,11 @@ def test_arguments_are_checked_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="holds no"):
         run_beam(str(tmp_path / "empty"))
     assert sorted(["1M", "500K", "100K"], key=scale_order) == ["100K", "500K", "1M"]
+
+
+def test_a_reused_store_prints_no_cost_per_message() -> None:
+    reused = Consolidation(chats=[("beam-100K-1", 0, 0.14)], cpu_s=0.5)
+    lines = consolidation_lines(reused)
+    assert "0 messages" in lines[0] and "n/a ms/message" in lines[0] and "(n/a ms/msg)" in lines[2]
+    fresh = consolidation_lines(Consolidation(chats=[("beam-100K-1", 200, 10.0)], cpu_s=20.0))
+    assert "50.0 ms/message" in fresh[0] and "100.0 ms/message" in fresh[0] and "(50 ms/msg)" in fresh[2]
