@@ -360,15 +360,13 @@ def table(res: ScaleResult, ks: Sequence[int] = KS) -> str:
 
 
 def per_message(seconds: float, messages: int, digits: int = 1) -> str:
-    """Milliseconds per message, or "n/a" when no message was consolidated (a reused store: the
-    seconds are then bookkeeping, not a cost per message)."""
+    """Milliseconds per message; "n/a" with none consolidated (a reused store's seconds are no cost)."""
     return f"{1000 * seconds / messages:.{digits}f}" if messages else "n/a"
 
 
 def consolidation_lines(c: Consolidation) -> list[str]:
     """Seconds per chat, per message and per stage; peak memory."""
-    n = max(1, len(c.chats))
-    secs = [s for *_, s in c.chats]
+    n, secs = max(1, len(c.chats)), [s for *_, s in c.chats]
     total_stages = sum(c.stages.values()) or 1e-9
     stages = ", ".join(f"{k} {v:.1f}s ({100 * v / total_stages:.0f}%)" for k, v in c.stages.items())
     per_chat = "; ".join(f"{u} {m} msg {s:.1f}s ({per_message(s, m, 0)} ms/msg)" for u, m, s in c.chats)

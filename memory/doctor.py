@@ -41,6 +41,7 @@ from lancedb.expr import col, lit
 from memory import schemas
 from memory.ingest.common import OBSERVATIONS_SCHEMA
 from memory.ingest.validate import sessions_frame
+from memory.ingest.write import consolidated_sessions
 from memory.pointers import POINTERS, clear_pointers, unstored
 from memory.store import Store
 
@@ -169,14 +170,21 @@ def session_mismatches(store: Store) -> list[dict[str, Any]]:
 
 def remake_sessions(store: Store, mismatched: list[dict[str, Any]]) -> int:
     """Write the `mismatched` sessions' rows again from their stored messages (an existing row keeps
-    its archive and `observed`), under the writer lease; returns how many."""
+    its archive and `observed`, and a consolidated one its time: `consolidated_sessions`), under the
+    writer lease; returns how many."""
     with store.write_lease():
         made, rows = _session_frames(store)
         keys = pl.DataFrame(mismatched).select("user_id", "session_id")
         fresh = made.join(keys, on=["user_id", "session_id"]).drop("archive", "observed")
-        kept = rows.select("user_id", "session_id", "archive", "observed")   # (typed even when empty)
-        out = fresh.join(kept, on=["user_id", "session_id"], how="left").with_columns(
-            pl.col("observed").fill_null(False)).select(made.columns)
+        kept = rows.select("user_id", "session_id", "archive", "observed", _ts="ts")   # (typed even when empty)
+        settled = pl.DataFrame(sorted(consolidated_sessions(store, keys.rows())), orient="row",
+                               schema={"user_id": pl.String, "session_id": pl.String}).with_columns(_settled=pl.lit(True))
+        out = (fresh.join(kept, on=["user_id", "session_id"], how="left")
+               .join(settled, on=["user_id", "session_id"], how="left")
+               .with_columns(pl.col("observed").fill_null(False),
+                             ts=pl.when(pl.col("_settled").fill_null(False) & pl.col("_ts").is_not_null())
+                             .then(pl.col("_ts")).otherwise(pl.col("ts")))
+               .select(made.columns))
         if out.height:
             store.upsert("sessions", out.to_dicts())
     return out.height

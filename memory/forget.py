@@ -51,7 +51,7 @@ from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, feedba
 from memory.forget_quarantine import quarantine_ids
 from memory.forget_purge import dir_bytes, purge
 from memory.pointers import POINTERS, clear_pointers, unstored
-from memory.ids import make_id
+from memory.ids import make_id, progress_id
 from memory.lease import run_lease
 from memory.llm.cache import ResponseCache, text_key
 from memory.resources import backend_for
@@ -60,7 +60,7 @@ from memory.schemas import MEMORY_TABLES, USER_TABLES
 from memory.settings import Settings
 from memory.stages import STAGES
 from memory.stages.commit import commit
-from memory.stages.shard import ShardState, StageContext, progress_id
+from memory.stages.shard import ShardState, StageContext
 from memory.stages.topics import load_bank
 from memory.store import Store, user_filter
 from memory.text import turn_text

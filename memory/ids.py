@@ -19,6 +19,11 @@ def make_id(*parts: object) -> str:
     return h.hexdigest()
 
 
+def progress_id(user: str, session_id: str | None) -> str:
+    """The id of a `progress` row: one per consolidated session, and one per user (`session_id` None)."""
+    return make_id("progress", user, session_id or "")
+
+
 def validate_user_id(user_id: object) -> str:
     """Return the id unchanged if it is a safe user id, else raise InvalidUserIdError."""
     if not isinstance(user_id, str) or not USER_ID_PATTERN.fullmatch(user_id):

@@ -19,8 +19,8 @@ from typing import Any
 
 from lancedb.expr import col
 
-from memory.ids import make_id
-from memory.stages.shard import Cluster, SessionWork, ShardState, active, progress_id, timed
+from memory.ids import make_id, progress_id
+from memory.stages.shard import Cluster, SessionWork, ShardState, active, timed
 from memory.store import Store, users_filter
 
 

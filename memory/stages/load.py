@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from memory.ids import validate_user_id
+from memory.ids import progress_id, validate_user_id
 from memory.settings import Settings
-from memory.stages.shard import Cluster, Link, SessionWork, ShardState, active, frame, progress_id, timed
+from memory.stages.shard import Cluster, Link, SessionWork, ShardState, active, frame, timed
 from memory.store import Store
 
 #: the watermark of a user never consolidated

@@ -230,11 +230,6 @@ def quarantine_work(state: ShardState, row: dict[str, Any], user: str, session_i
         ids.append(row["id"])
 
 
-def progress_id(user: str, session_id: str | None) -> str:
-    """The id of a `progress` row: one per session, and one per user (`session_id` None)."""
-    return make_id("progress", user, session_id or "")
-
-
 def active(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pending items of a `progress` row still to retry (not given up)."""
     return [i for i in items if not i.get("given_up")]
