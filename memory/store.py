@@ -163,11 +163,16 @@ class Store:
 
     def upsert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
         """Insert or replace rows by `id`; returns the number of rows written."""
-        return self._write(name, data, merge=True)
+        return self._write(name, data, mode="upsert")
 
-    def _write(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]], *, merge: bool) -> int:
-        """Conform, de-duplicate and write rows under the writer lease: a `merge_insert` on `id`, or a
-        plain add (`insert`)."""
+    def insert_absent(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
+        """Insert the rows whose `id` is not stored and leave stored ones as they are (a retried write
+        keeps its first version: feedback's `created_at`); returns the number of rows inserted."""
+        return self._write(name, data, mode="absent")
+
+    def _write(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]], *, mode: str) -> int:
+        """Conform, de-duplicate and write rows under the writer lease: a `merge_insert` on `id` that
+        replaces stored rows ("upsert") or skips them ("absent"), or a plain add ("insert")."""
         table = self.conform(name, data)
         if table.num_rows == 0:
             return 0
@@ -175,9 +180,13 @@ class Store:
         with self.write_lease(), _write_lock(self.uri, name):
             tbl = self.table(name)
             tbl.checkout_latest()  # writes always start from the newest version (stale handles duplicate)
-            if merge:
+            if mode == "upsert":
                 (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
                  .execute(table, on_bad_vectors="null"))
+            elif mode == "absent":
+                done = tbl.merge_insert("id").when_not_matched_insert_all().execute(table, on_bad_vectors="null")
+                self._ensure_user_index(name, tbl)
+                return int(done.num_inserted_rows)
             else:
                 before = int(tbl.version)
                 tbl.add(table, on_bad_vectors="null")
@@ -200,7 +209,7 @@ class Store:
         """Append rows whose ids the caller checked are not stored, while it holds the writer lease
         (`memory.ingest`'s new messages): no merge, so the cost does not grow with the table (an
         upsert joins every stored id). Returns the number of rows written."""
-        return self._write(name, data, merge=False)
+        return self._write(name, data, mode="insert")
 
     def delete(self, name: str, where: Expr) -> None:
         with self.write_lease():

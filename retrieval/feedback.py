@@ -88,9 +88,8 @@ class FeedbackLog:
                "query_vector": None if embed is None else np.asarray(embed(query), dtype=np.float32),
                "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,
                "created_at": datetime.now(timezone.utc)}
-        with self._lock, self.store.write_lease():   # a retried record is kept as first written: its
-            if not self.store.read_ids("feedback", [fid], columns=["id"]).num_rows:   # created_at
-                self.store.upsert("feedback", [row])      # is what training reads as new since a version
+        with self._lock:   # a retried record is kept as first written: its created_at is what
+            self.store.insert_absent("feedback", [row])   # training reads as new since a version
         return {"id": fid, "user_id": user_id, "shown": len(shown), "cited": len(cited)}
 
 
