@@ -14,7 +14,7 @@ from memory.ids import validate_user_id
 __all__ = ["FORMATS", "FOLDER_FORMATS", "STAGE", "REUSED_ID", "FIELDS", "MAX_TEXT_CHARS", "MAX_ID_CHARS", "TS",
            "MESSAGES_SCHEMA", "SESSIONS_SCHEMA", "OBSERVATIONS_SCHEMA", "FrameSchema", "ArchiveBatch", "Reader",
            "quarantine_row", "valid_user", "dump_raw", "has_surrogate", "row_problem", "parse_time", "bad_time",
-           "record", "utc_offset_min"]
+           "record", "parse_stamp"]
 
 FORMATS = ("locomo", "longmemeval", "jsonl", "parquet", "beam")
 #: formats whose PATH may also be a folder (the others read one file)
@@ -138,15 +138,20 @@ def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
         return None
 
 
-def utc_offset_min(value: Any) -> int | None:
-    """The UTC offset in minutes an ISO 8601 timestamp (or an aware datetime) gives, None when it gives
-    none: what `parse_time` turns into UTC, kept so dates are read in the speaker's time."""
-    try:
-        dt = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).strip())
-    except ValueError:
+def parse_stamp(value: Any) -> tuple[datetime, int | None] | None:
+    """An ISO 8601 timestamp (or a datetime) parsed once: (aware UTC datetime, the UTC offset in
+    minutes it gave, None when it gave none), kept so dates are read in the speaker's time; None
+    if unparsable (as `parse_time`)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
         return None
-    offset = dt.utcoffset()
-    return None if offset is None else int(offset.total_seconds() // 60)
+    utc = parse_time(value)
+    offset = value.utcoffset()
+    return None if utc is None else (utc, None if offset is None else int(offset.total_seconds() // 60))
 
 
 def bad_time(value: Any) -> str:

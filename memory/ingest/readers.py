@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 
 from memory.errors import IngestError
 from memory.ingest.beam import read_beam
-from memory.ingest.common import (FIELDS, Reader, bad_time, dump_raw, has_surrogate, parse_time,
-                                  quarantine_row, record, utc_offset_min)
+from memory.ingest.common import (FIELDS, Reader, bad_time, dump_raw, has_surrogate, parse_stamp, parse_time,
+                                  quarantine_row, record)
 
 __all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations", "from_mapping"]
 
@@ -153,11 +153,11 @@ def from_mapping(row: dict[str, Any], source: str, raw: str) -> tuple[str, dict[
         if isinstance(value, str) and has_surrogate(value):
             return "bad", quarantine_row(user, source, f"lone surrogate in {name}", raw)
         values[name] = value
-    ts = parse_time(values["timestamp"])
-    if ts is None:
+    stamp = parse_stamp(values["timestamp"])
+    if stamp is None:
         return "bad", quarantine_row(user, source, bad_time(values["timestamp"]), raw)
     return "msg", record(values["user_id"], values["session_id"], values["message_id"], values["speaker"],
-                          values["text"], ts, source, raw, utc_offset_min(values["timestamp"]))
+                          values["text"], stamp[0], source, raw, stamp[1])
 
 
 def _read_jsonl(path: Path) -> Reader:
