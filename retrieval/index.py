@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import polars as pl
 import pyarrow.compute as pc
 
 from memory import schemas
@@ -169,13 +170,26 @@ def _vectors(col: pa.ChunkedArray, dim: int) -> np.ndarray:
     return np.ascontiguousarray(values.reshape(len(arr), -1), dtype=np.float32)
 
 
+def shown_time(ts: pa.ChunkedArray | pa.Array, offset: pa.ChunkedArray | pa.Array | None) -> pa.Array:
+    """A turn's time as shown ("2024-02-10 23:32 -08:00"): in its speaker's zone with the offset its
+    timestamp gave (the day its relative dates were read in), else in UTC without one."""
+    frame = pl.DataFrame({"ts": pl.Series(ts), "off": pl.Series(offset, dtype=pl.Int32) if offset is not None
+                          else pl.Series([None] * len(ts), dtype=pl.Int32)})
+    off = pl.col("off")
+    hhmm = ((off.abs() // 60).cast(pl.String).str.zfill(2) + ":" + (off.abs() % 60).cast(pl.String).str.zfill(2))
+    local = pl.when(off.is_null()).then(pl.col("ts").dt.strftime("%Y-%m-%d %H:%M")).otherwise(
+        (pl.col("ts") + pl.duration(minutes=off)).dt.strftime("%Y-%m-%d %H:%M") + " "
+        + pl.when(off < 0).then(pl.lit("-")).otherwise(pl.lit("+")) + hhmm)
+    return frame.select(local.alias("date")).to_arrow().column("date").combine_chunks().cast(pa.string())
+
+
 def _message_meta(t: pa.Table) -> pa.Table:
     n = t.num_rows
     text = message_text(t.column("speaker"), t.column("text"))
     sources = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)),
                                        t.column("message_id").combine_chunks())
     ts = t.column("ts")
-    date = pc.strftime(ts, format="%Y-%m-%d %H:%M")
+    date = shown_time(ts, t.column("utc_offset_min") if "utc_offset_min" in t.column_names else None)
     return pa.table({"id": t.column("id"), "kind": pa.array(["message"] * n, pa.string()), "text": text,
                      "key": pa.nulls(n, pa.string()), "date": date, "source_ids": sources, "ts": ts}, schema=META)
 
@@ -187,7 +201,7 @@ def _memory_meta(t: pa.Table, kind: str) -> pa.Table:
                      "ts": t.column("session_ts")}, schema=META)
 
 
-_META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts"],
+_META_COLS = {"message": ["id", "message_id", "speaker", "text", "ts", "utc_offset_min"],
               "memory": ["id", "text", "key", "date", "source_ids", "session_ts"]}
 #: the fragments' validity columns (retrieval.validity), read with the index's fragments read and kept
 #: as the memo `FRAGMENT_VALIDITY`, so the first query does not read the table twice
