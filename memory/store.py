@@ -17,7 +17,7 @@ import warnings
 from collections import OrderedDict
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, TypeAlias
 
 import lancedb
 import polars as pl
@@ -33,6 +33,8 @@ from memory.lease import WRITE_LEASE_WAIT_S, hold_write, lease, store_key
 from memory.lease_row import LEASE_TTL_S, RowLease
 
 log = logging.getLogger(__name__)
+#: what a write takes: an Arrow table, a Polars frame or row dicts (conformed to the table's schema)
+Rows: TypeAlias = "pa.Table | pl.DataFrame | list[dict[str, Any]]"
 
 # one writer per (store uri, table) within a process: concurrent merge_insert of the same new key
 # can duplicate upstream, and several Store objects may open the same uri
@@ -149,7 +151,7 @@ class Store:
                 )
 
     # -- writes ---------------------------------------------------------------------------
-    def conform(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> pa.Table:
+    def conform(self, name: str, data: Rows) -> pa.Table:
         """Cast rows to the table's schema (missing nullable columns become nulls); a searchable
         table's rows get their BM25 terms from their text (`memory.terms`), whatever came in."""
         schema = schemas.schema_for(name, self.dim)
@@ -161,39 +163,37 @@ class Store:
                 for f in schema]
         return terms.with_terms(name, pa.Table.from_arrays(cols, schema=schema))
 
-    def upsert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
+    def upsert(self, name: str, data: Rows) -> int:
         """Insert or replace rows by `id`; returns the number of rows written."""
         return self._write(name, data, mode="upsert")
 
-    def insert_absent(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
-        """Insert the rows whose `id` is not stored and leave stored ones as they are (a retried write
-        keeps its first version: feedback's `created_at`); returns the number of rows inserted."""
+    def insert_absent(self, name: str, data: Rows) -> int:
+        """Insert the rows whose `id` is not stored, leave stored ones as they are (a retried write keeps
+        its first version: feedback's `created_at`); returns the number inserted."""
         return self._write(name, data, mode="absent")
 
-    def _write(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]], *, mode: str) -> int:
+    def _write(self, name: str, data: Rows, *, mode: str) -> int:
         """Conform, de-duplicate and write rows under the writer lease: a `merge_insert` on `id` that
         replaces stored rows ("upsert") or skips them ("absent"), or a plain add ("insert")."""
         table = self.conform(name, data)
         if table.num_rows == 0:
             return 0
-        table = _dedupe_last(table)
+        table, written = _dedupe_last(table), None
         with self.write_lease(), _write_lock(self.uri, name):
             tbl = self.table(name)
             tbl.checkout_latest()  # writes always start from the newest version (stale handles duplicate)
-            if mode == "upsert":
-                (tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-                 .execute(table, on_bad_vectors="null"))
-            elif mode == "absent":
-                done = tbl.merge_insert("id").when_not_matched_insert_all().execute(table, on_bad_vectors="null")
-                self._ensure_user_index(name, tbl)
-                return int(done.num_inserted_rows)
-            else:
+            if mode == "insert":
                 before = int(tbl.version)
                 tbl.add(table, on_bad_vectors="null")
                 if "user_id" in table.column_names:
                     self.inserts.note(name, before, int(tbl.version), pc.unique(table.column("user_id")).to_pylist())
+            else:
+                merge = tbl.merge_insert("id")
+                merge = merge.when_matched_update_all() if mode == "upsert" else merge
+                done = merge.when_not_matched_insert_all().execute(table, on_bad_vectors="null")
+                written = int(done.num_inserted_rows) if mode == "absent" else None
             self._ensure_user_index(name, tbl)
-        return table.num_rows
+        return table.num_rows if written is None else written
 
     def drop_table(self, name: str) -> None:
         """Remove a whole table (and this store's handle to it)."""
@@ -205,7 +205,7 @@ class Store:
         with self.write_lease():
             self.db.drop_table(name)
 
-    def insert(self, name: str, data: pa.Table | pl.DataFrame | list[dict[str, Any]]) -> int:
+    def insert(self, name: str, data: Rows) -> int:
         """Append rows whose ids the caller checked are not stored, while it holds the writer lease
         (`memory.ingest`'s new messages): no merge, so the cost does not grow with the table (an
         upsert joins every stored id). Returns the number of rows written."""
@@ -307,17 +307,9 @@ class Store:
         return out
 
     # -- reads ----------------------------------------------------------------------------
-    def read(
-        self,
-        name: str,
-        user_id: str | None = None,
-        *,
-        columns: list[str] | None = None,
-        where: Expr | None = None,
-        version: int | None = None,
-        null: str | None = None,
-        limit: int | None = None,
-    ) -> pa.Table:
+    def read(self, name: str, user_id: str | None = None, *, columns: list[str] | None = None,
+             where: Expr | None = None, version: int | None = None, null: str | None = None,
+             limit: int | None = None) -> pa.Table:
         """Rows of one table, scoped to one user when `user_id` is given; as they were at table
         version `version` when given (0: the table did not exist then), else at the latest; a column
         added since that version (an older mnemo wrote it) is read as nulls. `columns` may name the
@@ -425,5 +417,4 @@ def _dedupe_last(table: pa.Table) -> pa.Table:
     ids = table.column("id").to_pylist()
     if len(set(ids)) == len(ids):
         return table
-    last = {key: i for i, key in enumerate(ids)}
-    return table.take(sorted(last.values()))
+    return table.take(sorted({key: i for i, key in enumerate(ids)}.values()))

@@ -32,7 +32,6 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import polars as pl
 import pyarrow.compute as pc
 
 from memory import schemas
@@ -42,6 +41,7 @@ from memory.store import Store
 from memory.terms import message_text
 from retrieval.forgotten import ForgetWatch
 from retrieval.lexical import BM25Index, warm
+from retrieval.times import shown_time
 
 log = logging.getLogger(__name__)
 
@@ -168,19 +168,6 @@ def _vectors(col: pa.ChunkedArray, dim: int) -> np.ndarray:
         return np.zeros((0, dim), dtype=np.float32)
     values = arr.flatten().to_numpy(zero_copy_only=False)
     return np.ascontiguousarray(values.reshape(len(arr), -1), dtype=np.float32)
-
-
-def shown_time(ts: pa.ChunkedArray | pa.Array, offset: pa.ChunkedArray | pa.Array | None) -> pa.Array:
-    """A turn's time as shown ("2024-02-10 23:32 -08:00"): in its speaker's zone with the offset its
-    timestamp gave (the day its relative dates were read in), else in UTC without one."""
-    frame = pl.DataFrame({"ts": pl.Series(ts), "off": pl.Series(offset, dtype=pl.Int32) if offset is not None
-                          else pl.Series([None] * len(ts), dtype=pl.Int32)})
-    off = pl.col("off")
-    hhmm = ((off.abs() // 60).cast(pl.String).str.zfill(2) + ":" + (off.abs() % 60).cast(pl.String).str.zfill(2))
-    local = pl.when(off.is_null()).then(pl.col("ts").dt.strftime("%Y-%m-%d %H:%M")).otherwise(
-        (pl.col("ts") + pl.duration(minutes=off)).dt.strftime("%Y-%m-%d %H:%M") + " "
-        + pl.when(off < 0).then(pl.lit("-")).otherwise(pl.lit("+")) + hhmm)
-    return frame.select(local.alias("date")).to_arrow().column("date").combine_chunks().cast(pa.string())
 
 
 def _message_meta(t: pa.Table) -> pa.Table:

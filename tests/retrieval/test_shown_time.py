@@ -13,7 +13,7 @@ from memory.embed import Embedder
 from memory.ingest.append import append
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
-from retrieval.index import shown_time
+from retrieval.times import shown_time
 
 
 def test_local_time_with_its_offset_else_utc() -> None:
