@@ -9,6 +9,7 @@
 - `rerank`: `mnemo bench rerank`, the RMM reranker trained from simulated citations.
 - `beam`: `mnemo bench beam`, evidence Recall@K per BEAM ability and strategy, update-first, latency
   and consolidation cost per chat scale.
+- `beam_report`: the printed report of `mnemo bench beam` (table, legend, consolidation cost, anchors).
 
 Every benchmark takes an optional `Settings` (None: the defaults of `Settings()`); the CLI passes
 the one it read from the environment. This package uses `memory` and `retrieval`, never `flows`.

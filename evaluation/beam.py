@@ -15,8 +15,12 @@ dicts some abilities use, e.g. knowledge_update's `{original_info, updated_info}
 Update-first (knowledge_update): in the result at the largest K, the share of questions whose first
 ranked memory citing an `updated_info` message comes strictly before the first one citing an
 `original_info` message; a question where no updated message appears (or the same memory cites both
-first) counts as not first. Latency: warm `retrieve_ms` at the largest K (questions embedded in one
-batch beforehand), and the cold first query of each user with the default strategy.
+first) counts as not first. A question whose `updated_info` messages are all `original_info` ones too
+can never be first (every memory citing one cites both): it counts as not first in that share, as the
+issue defines it, and as *undecidable*; the share over the decidable questions is printed beside it.
+Latency: warm `retrieve_ms` at the largest K (questions embedded in one batch beforehand), with the
+number of timed queries, and the cold first query of each user with the default strategy. The memory
+counts are those of the chats' own users (copies counted apart). The report is `evaluation.beam_report`.
 """
 from __future__ import annotations
 
@@ -27,12 +31,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import median
 from typing import Any, Sequence
 
 from threadpoolctl import threadpool_limits
 
-from evaluation.common import evaluate, scratch_store
+from evaluation.common import evaluate, first_of_each_user, scratch_store
 from evaluation.nightly import bench_nightly
 from memory.embed import embedder_for
 from memory.errors import ConfigError
@@ -77,8 +80,8 @@ class Consolidation:
 
 @dataclass
 class ScaleResult:
-    """The figures of one scale: one row per strategy (see `common.evaluate`, plus `update-first`,
-    `uf n`, `uf neither`, `uf tie`), the questions scored, the consolidation cost."""
+    """The figures of one scale: one row per strategy (see `common.evaluate`, plus `UpdateFirst.row`),
+    the questions scored, the consolidation cost."""
 
     scale: str
     chats: list[str]
@@ -92,8 +95,13 @@ class ScaleResult:
     cold_rows: int
     consolidation: Consolidation
     default_strategy: str
+    #: rows per memory table of the chats' own users (the ones asked)
     memory: dict[str, int]
     peak_mb: float
+    #: the same of their copies (`copies` > 1), empty without
+    copies_memory: dict[str, int] = field(default_factory=dict)
+    #: whether validity ordering was on (`retrieval.validity`): it pulls memories into every strategy's result
+    validity: bool = True
     #: `evaluation.nightly` lines (with `nightly_users`), else ""
     nightly: str = ""
 
@@ -137,6 +145,12 @@ def load_questions(chat_dir: Path, user: str) -> tuple[list[dict[str, Any]], int
     return out, none
 
 
+def undecidable(q: dict[str, Any]) -> bool:
+    """A knowledge update whose updated messages are all original ones too (BEAM names one message for
+    both): every memory citing an updated message cites an original one, so updated is never first."""
+    return bool(q.get("updated")) and q["updated"] <= q.get("original", set())
+
+
 def first_rank(items: Sequence[Any], ids: set[str]) -> int | None:
     """Rank of the first ranked memory (the pinned profile skipped) citing one of `ids`; None if none does."""
     ranked = [it for it in items if not is_profile(it)]
@@ -144,14 +158,16 @@ def first_rank(items: Sequence[Any], ids: set[str]) -> int | None:
 
 
 class UpdateFirst:
-    """Collects update-first outcomes of knowledge_update questions (an `evaluate` observer)."""
+    """Collects update-first outcomes of knowledge_update questions (an `evaluate` observer), and how
+    many of them are `undecidable` (counted in the outcomes too: the share is the issue's)."""
 
     def __init__(self) -> None:
-        self.first = self.after = self.neither = self.tie = 0
+        self.first = self.after = self.neither = self.tie = self.undecidable = 0
 
     def __call__(self, q: dict[str, Any], res: RetrievalResult) -> None:
         if not q.get("updated"):
             return
+        self.undecidable += undecidable(q)
         up, orig = first_rank(res.items, q["updated"]), first_rank(res.items, q.get("original", set()))
         if up is None:
             self.neither += orig is None
@@ -168,8 +184,11 @@ class UpdateFirst:
         return self.first + self.after + self.neither + self.tie
 
     def row(self) -> dict[str, Any]:
+        """`update-first` over every question, `uf decidable` over the decidable ones (nan: none)."""
+        decidable = self.n - self.undecidable
         return {"update-first": self.first / self.n if self.n else float("nan"), "uf n": self.n,
-                "uf neither": self.neither, "uf tie": self.tie}
+                "uf neither": self.neither, "uf tie": self.tie, "uf undecidable": self.undecidable,
+                "uf decidable": self.first / decidable if decidable else float("nan")}
 
 
 def scale_order(scale: str) -> tuple[float, str]:
@@ -266,11 +285,8 @@ def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: 
     gc.freeze()      # as `mnemo serve` does once loaded: no full collection of the model's objects mid-query
     with threadpool_limits(limits=1, user_api="blas"):   # single-threaded BLAS, as `mnemo serve` runs
         default = r.settings.default_strategy
-        first: dict[str, int] = {}
-        for i, q in enumerate(questions):
-            first.setdefault(q["user"], i)
         cold, tokenized, indexed = [], 0, 0
-        for user, i in first.items():  # the first query of each user builds its index
+        for user, i in first_of_each_user(questions).items():  # a user's first query builds its index
             res = r.retrieve(user, vecs[i], k=max(ks), strategy=default, text=questions[i]["question"])
             cold.append(res.signals["timings"]["retrieve_ms"])
             idx = r.user_index(user)
@@ -284,14 +300,25 @@ def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: 
             uf = UpdateFirst()
             row = evaluate(r, questions, vecs, name, ks, groups=abilities, key="ability", observe=uf)
             rows.append({**row, **uf.row()})
-    memory = {t: sum(st.count_by_user(t).values()) for t in ("messages", "fragments", "insights", "topics",
-                                                               "summaries")}
-    return ScaleResult(scale=scale, chats=[beam_user(c) for c in chats], questions=questions,
+    asked = [beam_user(c) for c in chats]
+    copies_of = [u for u, *_ in cons.chats if u not in asked]
+    return ScaleResult(scale=scale, chats=asked, questions=questions,
                        no_evidence=no_evidence, missing_evidence=missing, rows=rows, cold_ms=cold,
                        cold_tokenized=tokenized, cold_rows=indexed,
-                       consolidation=cons, default_strategy=default, memory=memory,
+                       consolidation=cons, default_strategy=default, memory=memory_counts(st, asked),
+                       copies_memory=memory_counts(st, copies_of) if copies_of else {},
+                       validity=r.settings.validity,
                        peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                        nightly=bench_nightly(st, nightly_users, cfg) if nightly_users else "")
+
+
+def memory_counts(st: Store, users: Sequence[str]) -> dict[str, int]:
+    """Rows per memory table of `users` only (a reused store may hold other users and chats)."""
+    out = {}
+    for table in ("messages", "fragments", "insights", "topics", "summaries"):
+        per_user = st.count_by_user(table)
+        out[table] = sum(per_user.get(u, 0) for u in users)
+    return out
 
 
 def iter_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Sequence[str] | None = None,
@@ -321,100 +348,3 @@ def run_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Sequ
     """The results of every scale (see `iter_beam`)."""
     return list(iter_beam(path, scales=scales, strategies=strategies, copies=copies, store=store,
                           settings=settings))
-
-
-def beam_reports(path: str, *, scales: Sequence[str] | None = None, strategies: Sequence[str] | None = None,
-                 copies: int = 1, store: str | None = None, settings: Settings | None = None,
-                 nightly_users: int = 0) -> Iterator[str]:
-    """The printed report of each scale as soon as it is measured (see `iter_beam`)."""
-    anchors = Path(path) / "ANCHORS.md"
-    for res in iter_beam(path, scales=scales, strategies=strategies, copies=copies, store=store,
-                         settings=settings, nightly_users=nightly_users):
-        yield report(res, anchors, copies)
-
-
-def bench_beam(path: str, *, scales: Sequence[str] | None = None, strategies: Sequence[str] | None = None,
-               copies: int = 1, store: str | None = None, settings: Settings | None = None) -> str:
-    """Run the benchmark (see `iter_beam`) and format one report per scale."""
-    return "\n\n".join(beam_reports(path, scales=scales, strategies=strategies, copies=copies, store=store,
-                                     settings=settings))
-
-
-def short(ability: str) -> str:
-    """`knowledge_update` -> `KU`."""
-    return "".join(w[0] for w in ability.split("_")).upper()
-
-
-def table(res: ScaleResult, ks: Sequence[int] = KS) -> str:
-    """One Markdown row per strategy: R@{max K} per ability, overall R@K, update-first, latency."""
-    k = max(ks)
-    head = ["strategy"] + [f"{short(a)} R@{k}" for a in res.abilities] + [f"R@{x}" for x in ks] + [
-        "update-first", "p50 ms", "p99 ms"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in res.rows:
-        name = row["strategy"] + (" (default)" if row["strategy"] == res.default_strategy else "")
-        cells = [name] + [f"{row[f'R@{k} c{a}']:.3f}" for a in res.abilities] + [f"{row[f'R@{x}']:.3f}" for x in ks]
-        cells += [f"{row['update-first']:.3f}", f"{row['p50 ms']:.2f}", f"{row['p99 ms']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def per_message(seconds: float, messages: int, digits: int = 1) -> str:
-    """Milliseconds per message; "n/a" with none consolidated (a reused store's seconds are no cost)."""
-    return f"{1000 * seconds / messages:.{digits}f}" if messages else "n/a"
-
-
-def consolidation_lines(c: Consolidation) -> list[str]:
-    """Seconds per chat, per message and per stage; peak memory."""
-    n, secs = max(1, len(c.chats)), [s for *_, s in c.chats]
-    total_stages = sum(c.stages.values()) or 1e-9
-    stages = ", ".join(f"{k} {v:.1f}s ({100 * v / total_stages:.0f}%)" for k, v in c.stages.items())
-    per_chat = "; ".join(f"{u} {m} msg {s:.1f}s ({per_message(s, m, 0)} ms/msg)" for u, m, s in c.chats)
-    return [f"consolidation: {len(c.chats)} chats, {c.messages} messages, {c.seconds:.1f} s = "
-            f"{c.seconds / n:.1f} s/chat (min {min(secs, default=0):.1f}, max {max(secs, default=0):.1f}), "
-            f"{per_message(c.seconds, c.messages)} ms/message; ingest {c.ingest_s:.1f} s, "
-            f"model load {c.model_load_s:.1f} s (both before the clock); process CPU {c.cpu_s:.1f} s = "
-            f"{per_message(c.cpu_s, c.messages)} ms/message",
-            f"stages: {stages or 'none (already consolidated)'}",
-            f"per chat: {per_chat}",
-            f"peak RSS after consolidation {c.peak_mb:.0f} MiB (process max so far)"]
-
-
-def anchor_lines(anchors: Path, scale: str) -> list[str]:
-    """The raw-message anchors' table for `scale` from ANCHORS.md (its `## SCALE ...` section), if any."""
-    if not anchors.is_file():
-        return []
-    out, inside = [], False
-    for line in anchors.read_text().splitlines():
-        if line.startswith("## "):
-            inside = line[3:].startswith(scale + " ")
-        elif inside and line.startswith("|"):
-            out.append(line)
-    head = f"anchors (raw messages, no mnemo; per ability in {anchors}):"
-    return [head, *out] if out else [f"anchors: none for {scale} in {anchors}"]
-
-
-def report(res: ScaleResult, anchors: Path, copies: int = 1) -> str:
-    """The printed figures of one scale."""
-    counts = {a: sum(q["ability"] == a for q in res.questions) for a in res.abilities}
-    uf = res.rows[0]
-    cold = res.cold_ms
-    lines = [f"BEAM {res.scale}: {len(res.chats)} chats" + (f" x {copies} user copies" if copies > 1 else "")
-             + f", {len(res.questions)} questions with evidence ({res.no_evidence} without, not scored), "
-             f"memory {res.memory}, default strategy {res.default_strategy}",
-             "abilities (R@10 columns): " + ", ".join(f"{short(a)}={a} ({n})" for a, n in counts.items()),
-             f"update-first: {UPDATE} at k={max(KS)}, {uf['uf n']} questions; a question where no updated "
-             "message is in the top k (or one memory cites both first) counts as not first "
-             "(neither/tie per strategy: " + ", ".join(f"{r['strategy']} {r['uf neither']}/{r['uf tie']}"
-                                                       for r in res.rows) + ")",
-             "dense = top-K over raw messages; latency = warm retrieve_ms at k=10 (questions embedded beforehand)"]
-    if res.missing_evidence:
-        lines.append(f"WARNING: {res.missing_evidence} evidence ids are not stored messages")
-    lines += ["", table(res), ""]
-    lines += [f"cold first query ({res.default_strategy}) over {len(cold)} users: median "
-              f"{median(cold) if cold else float('nan'):.1f} ms, max {max(cold, default=float('nan')):.1f} ms "
-              f"(BM25 terms tokenized for {res.cold_tokenized} of {res.cold_rows} rows, read stored for the rest)"]
-    lines += consolidation_lines(res.consolidation)
-    lines += [f"peak RSS after retrieval {res.peak_mb:.0f} MiB"] + ([res.nightly] if res.nightly else []) + [""]
-    lines += anchor_lines(anchors, res.scale)
-    return "\n".join(lines)

@@ -7,7 +7,9 @@ Why: the per-ability floors of the BEAM targets are the dense anchor's figures, 
 them (a marker is text the embedder reads: at 100K information extraction is 0.875 with them and
 0.825 without). Recall@K is `mnemo bench beam`'s (evidence Recall@K over the questions with evidence,
 per ability); update-first, unlike that bench's (judged within the top K), compares the first updated
-and the first original message in the whole ranking, as ANCHORS.md does. The messages are the ones
+and the first original message in the whole ranking, as ANCHORS.md does (printed as ANCHORS.md
+defines it, and beside it over the decidable questions: one whose updated message is also an original
+one can never be first, `evaluation.beam.undecidable`). The messages are the ones
 the `beam` reader stores (`read_beam`: a malformed message is left out as it would be quarantined).
 The embedder is the configured one (`MNEMO_EMBED_*`; the report names it): the anchors used the
 packaged all-MiniLM-L6-v2 on torch, the default. BM25 is ANCHORS.md's, not the project's `retrieval.lexical` (which drops stop words and
@@ -26,7 +28,8 @@ import numpy as np
 from scipy import sparse
 from sklearn.feature_extraction.text import CountVectorizer
 
-from evaluation.beam import KS, load_questions, requested_scales, scale_chats, short
+from evaluation.beam import KS, load_questions, requested_scales, scale_chats, undecidable
+from evaluation.beam_report import short
 from memory.embed import embedder_for
 from memory.errors import ConfigError
 from memory.ingest.beam import beam_user, read_beam
@@ -95,7 +98,7 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
     chats_asked = 0
     hits: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     first = {m: [0, 0] for m in METHODS}
-    questions = 0
+    questions = undecided = 0
     for chat in chats:
         qs, _ = load_questions(chat.parent, beam_user(chat))
         if not qs:
@@ -107,6 +110,7 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
         qvecs = embedder.embed([q["question"] for q in qs])
         for q, qv in zip(qs, qvecs):
             questions += 1
+            undecided += undecidable(q)
             for method, order in rankings(qv, q["question"], vectors, bm25).items():
                 ranked = [ids[i] for i in order]
                 for k in ks:
@@ -123,7 +127,10 @@ def score_scale(root: Path, scale: str, settings: Settings, keep_markers: bool =
     return {"scale": scale, "questions": questions, "chats": chats_asked, "keep_markers": keep_markers,
             "ks": tuple(ks), "embedder": embedder.model_name,
             "rows": {m: {name: float(np.mean(v)) for name, v in hits[m].items()} for m in METHODS},
-            "update_first": {m: first[m][0] / first[m][1] if first[m][1] else float("nan") for m in METHODS}}
+            "update_first": {m: first[m][0] / first[m][1] if first[m][1] else float("nan") for m in METHODS},
+            "uf n": first[METHODS[0]][1], "uf undecidable": undecided,
+            "uf decidable": {m: first[m][0] / (first[m][1] - undecided) if first[m][1] > undecided else float("nan")
+                             for m in METHODS}}
 
 
 def report(res: dict[str, Any]) -> str:
@@ -131,13 +138,18 @@ def report(res: dict[str, Any]) -> str:
     ks = res["ks"]
     k = max(ks)
     abilities = sorted(a for a in res["rows"]["dense"] if not a.startswith("R@"))
-    head = ["method"] + [f"R@{x}" for x in ks] + ["update-first (whole ranking)"] + [f"{short(a)} R@{k}" for a in abilities]
+    head = ["method"] + [f"R@{x}" for x in ks] + ["update-first (whole ranking)", "uf decidable"] + [
+        f"{short(a)} R@{k}" for a in abilities]
     text = "content as published (markers kept)" if res["keep_markers"] else "stored text (markers stripped)"
     lines = [f"BEAM {res['scale']} raw-message anchors: {res['chats']} chats, {res['questions']} questions "
-             f"with evidence, {text}, embedder {res['embedder']}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"with evidence, {text}, embedder {res['embedder']}",
+             f"update-first: {res['uf n']} knowledge_update questions, {res['uf undecidable']} undecidable (the "
+             f"updated message is an original one too: never first); uf decidable = over the other "
+             f"{res['uf n'] - res['uf undecidable']}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in METHODS:
         row = res["rows"][method]
-        cells = [method] + [f"{row[f'R@{x}']:.3f}" for x in ks] + [f"{res['update_first'][method]:.3f}"]
+        cells = [method] + [f"{row[f'R@{x}']:.3f}" for x in ks] + [f"{res['update_first'][method]:.3f}",
+                                                                   f"{res['uf decidable'][method]:.3f}"]
         lines.append("| " + " | ".join(cells + [f"{row[a]:.3f}" for a in abilities]) + " |")
     return "\n".join(lines)
 

@@ -131,8 +131,37 @@ def evaluate(r: Retriever, questions: list[dict[str, Any]], vecs: np.ndarray, st
         row[f"R@{k}"] = float(np.mean([x for c in groups for x in recalls[k][c]]))
     row["p50 ms"] = float(np.median(latency))
     row["p99 ms"] = float(np.percentile(latency, 99))
+    row["timed"] = len(latency)   # printed beside p50 / p99: a p99 of few queries is barely one
     row["recollection"] = routes.get("recollection", 0) / max(1, len(latency))
     return row
+
+
+def dense_legend(unit: str, validity: bool) -> str:
+    """What the `dense` baseline returns: top-K over raw `unit`s, and with validity ordering on
+    (`retrieval.validity`, the default) also what it pulls into every strategy's result."""
+    if not validity:
+        return f"dense = top-K over raw {unit} (validity off)"
+    return (f"dense = top-K over raw {unit}, plus the newer versions and contradiction counterparts validity "
+            "pulls in (retrieval.validity)")
+
+
+def first_of_each_user(questions: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """user -> index of that user's first question, in question order: the queries that load (build)
+    each user's index, to warm or to time as cold."""
+    first: dict[str, int] = {}
+    for i, q in enumerate(questions):
+        first.setdefault(q["user"], i)
+    return first
+
+
+def warm_up(r: Retriever, questions: Sequence[dict[str, Any]], vecs: np.ndarray, k: int,
+            strategies: Sequence[str]) -> None:
+    """Query every strategy once with the first question of every user, so no timed query pays a
+    user's cold index load (questions are grouped by user: the first few would warm only one)."""
+    for i in first_of_each_user(questions).values():
+        q = questions[i]
+        for name in strategies:
+            r.retrieve(q["user"], vecs[i], k=k, strategy=name, text=q["question"])
 
 
 def paired_ci(before: Sequence[float], after: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from evaluation.common import CATEGORIES, consolidate_locomo, evaluate, load_questions, scratch_store
+from evaluation.common import (CATEGORIES, consolidate_locomo, dense_legend, evaluate, load_questions, scratch_store,
+                               warm_up)
 from memory.runs import RunReport
 from memory.settings import Settings
 from retrieval.retriever import Retriever
@@ -33,11 +34,12 @@ def memweaver_cost(report: RunReport) -> str:
 def table(rows: list[dict[str, Any]], ks: Sequence[int]) -> str:
     """A Markdown table of evaluation rows."""
     cols = [f"R@{k} c{c}" for k in ks for c in CATEGORIES] + [f"R@{k}" for k in ks] + ["p50 ms", "p99 ms",
-                                                                                          "recollection"]
+                                                                                          "timed", "recollection"]
     head = ["strategy"] + [c.replace(" c", " ") for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["strategy"]] + [f"{row[c]:.3f}" if "ms" not in c else f"{row[c]:.2f}" for c in cols]
+        cells = [row["strategy"]] + [str(row[c]) if c == "timed" else f"{row[c]:.3f}" if "ms" not in c
+                                     else f"{row[c]:.2f}" for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -55,8 +57,7 @@ def bench_locomo(path: str, *, extraction: str = "rules", strategies: Sequence[s
         names = list(strategies or STRATEGIES)
         if "dense" not in names:
             names.insert(0, "dense")
-        for q, v in zip(questions[:20], vecs):  # warm every user's cache before timing
-            r.retrieve(q["user"], v, k=max(ks), strategy="calibrated", text=q["question"])
+        warm_up(r, questions, vecs, max(ks), names)   # every user's index loaded before timing
         rows = [evaluate(r, questions, vecs, name, ks) for name in names]
         counts = {t: sum(st.count_by_user(t).values())
                   for t in ("messages", "fragments", "insights", "topics", "summaries")}
@@ -64,6 +65,7 @@ def bench_locomo(path: str, *, extraction: str = "rules", strategies: Sequence[s
                   f"(categories 1-4), memory {counts}, searched kinds {','.join(r.settings.kinds)}, "
                   f"default strategy {r.settings.default_strategy}\n"
                   f"categories: " + ", ".join(f"{c}={n}" for c, n in CATEGORIES.items()) +
-                  "; dense = top-K over raw turns (baseline); recollection = share of queries routed there\n"
+                  f"; {dense_legend('turns', r.settings.validity)} (baseline); timed = queries behind p50 / p99 "
+                  "(at the largest K); recollection = share of queries routed there\n"
                   + memweaver_cost(report) + "\n")
         return header + table(rows, ks)

@@ -211,7 +211,8 @@ def bench_rerank(path: str, *, store: str | None = None, strategy: str | None = 
         lines.append(f"| {name} + reranker (top-20 -> top-5) | {after:.3f} |")
         lines.append(f"| delta | {after - before:+.3f} (95 % paired bootstrap {lo:+.3f} to {hi:+.3f}) |")
         lines.append(f"reranking 20 candidates: median {np.median(ms) if ms else float('nan'):.3f} ms in retrieve "
-                     f"(p99 {np.percentile(ms, 99) if ms else float('nan'):.3f} ms), bare scoring median {bare:.3f} ms")
+                     f"(p99 {np.percentile(ms, 99) if ms else float('nan'):.3f} ms; {len(ms)} timed), "
+                     f"bare scoring median {bare:.3f} ms")
 
         c = ceilings(r, questions, vecs, train_idx, test_idx, name)
         lines.append("")

@@ -3,12 +3,15 @@ scale, with the default strategy at k = 10 and validity ordering on vs off (`Ret
 
 * **update-first** (knowledge_update): share of questions whose first ranked memory citing an
   `updated_info` message comes before the first citing an `original_info` one (evaluation.beam's
-  `UpdateFirst`: no updated message in the top k, or a tie, counts as not first);
+  `UpdateFirst`: no updated message in the top k, or a tie, counts as not first); also over the
+  decidable questions only (one whose updated message is an original one too is never first);
 * **updated R@10**: Recall@10 of the `updated_info` messages alone (and of all KU evidence);
 * **contradictions** (contradiction_resolution): share of questions with a message of each
   statement in the top 10 (`both`), and of those where `context()` also flags the pair
   (`flagged`: an item citing one statement carries a contradiction with a memory citing the other,
-  returned or not, whose text context() shows after "CONTRADICTS");
+  returned or not, whose text context() shows after "CONTRADICTS"); both over every question (as
+  first printed) and over those whose two statements are different messages (a question naming one
+  message for both finds "both" with that one message);
 * overall R@10 over every ability, to show what the ordering costs elsewhere.
 
 Stores: `--store ROOT` uses `ROOT/SCALE` as it is (chats already consolidated there are not
@@ -128,7 +131,7 @@ def measure(st: Store, cfg: Settings, questions: list[dict[str, Any]],
         r = Retriever(st, cfg.with_overrides(retrieval={**cfg.retrieval.model_dump(), "validity": mode}))
         vecs = r.embed(texts) if texts else np.zeros((0, st.dim), dtype=np.float32)
         uf = UpdateFirst()
-        upd, ku_all, overall, both, flag = [], [], [], [], []
+        upd, ku_all, overall, both, flag, same = [], [], [], [], [], []
         for q, v in zip(questions, vecs):
             res = r.retrieve(q["user"], v, k=K, text=q["question"])
             overall.append(recall_at(res.items, q["evidence"], K))
@@ -140,12 +143,23 @@ def measure(st: Store, cfg: Settings, questions: list[dict[str, Any]],
             res = r.retrieve(user, v, k=K, text=text)
             top = top_sources(res)
             both.append(bool(top & a and top & b))
+            same.append(a == b)
             flag.append(both[-1] and flagged(res, a, b, memory_sources(r, user)))
         tag = "on" if mode else "off"
         out[tag] = {"update-first": uf.row()["update-first"], "uf n": uf.n, "updated R@10": _mean(upd),
-                    "KU R@10": _mean(ku_all), "R@10": _mean(overall), "CR both": _mean(both),
-                    "CR flagged": _mean(flag), "CR n": len(sides), "KU n": len(ku)}
+                    "uf decidable": uf.row()["uf decidable"], "uf undecidable": uf.undecidable,
+                    "KU R@10": _mean(ku_all), "R@10": _mean(overall), **cr_figures(both, flag, same),
+                    "KU n": len(ku)}
     return out
+
+
+def cr_figures(both: Sequence[bool], flag: Sequence[bool], same: Sequence[bool]) -> dict[str, Any]:
+    """The contradiction figures: over every question (`CR both`, `CR flagged`, as first printed) and
+    over those with two distinct statements (`CR both 2`, `CR flagged 2`); `CR same n`: how many
+    questions name one message for both statements (their "both" is that one message found)."""
+    two = [i for i, s in enumerate(same) if not s]
+    return {"CR both": _mean(both), "CR flagged": _mean(flag), "CR n": len(both), "CR same n": sum(same),
+            "CR both 2": _mean([both[i] for i in two]), "CR flagged 2": _mean([flag[i] for i in two])}
 
 
 def _mean(xs: Sequence[float | bool]) -> float:
@@ -178,9 +192,14 @@ def run_scale(root: Path, scale: str, store_dir: str, cfg: Settings) -> dict[str
 def report(res: dict[str, Any]) -> str:
     """The printed figures of one scale."""
     on, off = res["figures"]["on"], res["figures"]["off"]
-    rows = [("update-first (KU, top-10)", "update-first"), ("updated-message R@10 (KU)", "updated R@10"),
+    decidable, two = on["KU n"] - on["uf undecidable"], on["CR n"] - on["CR same n"]
+    rows = [("update-first (KU, top-10)", "update-first"),
+            (f"update-first, the {decidable} decidable KU questions", "uf decidable"),
+            ("updated-message R@10 (KU)", "updated R@10"),
             ("KU evidence R@10", "KU R@10"), ("CR both statements in top-10", "CR both"),
-            ("CR both + flagged in context()", "CR flagged"), ("overall R@10 (every ability)", "R@10")]
+            ("CR both + flagged in context()", "CR flagged"),
+            (f"CR both statements in top-10, the {two} with two", "CR both 2"),
+            (f"CR both + flagged, the {two} with two", "CR flagged 2"), ("overall R@10 (every ability)", "R@10")]
     lines = [f"BEAM {res['scale']} updates: {res['chats']} chats, {on['KU n']} knowledge_update and "
              f"{on['CR n']} contradiction_resolution questions ({res['questions']} with evidence), default "
              f"strategy, k={K}",
@@ -190,6 +209,10 @@ def report(res: dict[str, Any]) -> str:
              "| figure | validity on | off | on - off |", "|---|---|---|---|"]
     for label, key in rows:
         lines.append(f"| {label} | {on[key]:.3f} | {off[key]:.3f} | {on[key] - off[key]:+.3f} |")
+    lines += ["", f"KU questions undecidable for update-first (the updated message is an original one too: never "
+                  f"first): {on['uf undecidable']} of {on['KU n']}",
+              f"CR questions naming one message for both statements: {on['CR same n']} of {on['CR n']}; over the "
+              f"{two} with two (validity on): both {on['CR both 2']:.3f}, flagged {on['CR flagged 2']:.3f}"]
     return "\n".join(lines)
 
 

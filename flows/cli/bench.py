@@ -105,7 +105,7 @@ def bench_beam(
 ) -> None:
     """Evidence Recall@K per BEAM ability and strategy, update-first, retrieval latency and
     consolidation cost, one table per scale."""
-    from evaluation.beam import beam_reports
+    from evaluation.beam_report import beam_reports
 
     for i, text in enumerate(beam_reports(path, scales=csv(scales) or None, strategies=csv(strategies) or None,
                                           copies=copies, store=store, settings=settings_of(ctx),

@@ -1,6 +1,7 @@
 """`mnemo bench beam`: the benchmark on one BEAM 100K development chat (its messages shortened so the
-test stays fast: every message id, batch and question is kept), the update-first rule, the evidence
-flattening, user copies on a tiny chat, and the argument checks."""
+test stays fast: every message id, batch and question is kept), the update-first rule (undecidable
+questions counted apart), the evidence flattening, user copies and other users on a tiny chat (memory
+counted for the chats asked only), the report's legend and columns, and the argument checks."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from evaluation.beam import (Consolidation, UpdateFirst, consolidation_lines, evidence_ids, report, run_beam,
-                             scale_order)
+from evaluation.beam import Consolidation, ScaleResult, UpdateFirst, evidence_ids, run_beam, scale_order
+from evaluation.beam_report import consolidation_lines, report, table
 from memory.errors import ConfigError
+from memory.ingest import ingest
+from memory.runs import open_store
 from memory.settings import Settings
 from retrieval.retriever import RetrievalResult, UnknownStrategyError
 from tests.helpers import REPO
@@ -143,3 +146,56 @@ def test_a_reused_store_prints_no_cost_per_message() -> None:
     assert "0 messages" in lines[0] and "n/a ms/message" in lines[0] and "(n/a ms/msg)" in lines[2]
     fresh = consolidation_lines(Consolidation(chats=[("beam-100K-1", 200, 10.0)], cpu_s=20.0))
     assert "50.0 ms/message" in fresh[0] and "100.0 ms/message" in fresh[0] and "(50 ms/msg)" in fresh[2]
+
+
+def test_an_update_whose_updated_message_is_also_original_is_undecidable() -> None:
+    """BEAM names one message as both original and updated for some questions: never first. They stay
+    in the printed share (the issue's definition) and are counted apart, with the decidable share."""
+    uf = UpdateFirst()
+    uf({"updated": {"2"}, "original": {"1"}}, _result(["2"], ["1"]))           # first
+    uf({"updated": {"5"}, "original": {"5"}}, _result(["5"]))                  # one message: a tie, undecidable
+    uf({"updated": {"7"}, "original": {"6", "7"}}, _result(["9"]))             # a subset: undecidable too
+    uf({"updated": {"3", "4"}, "original": {"3"}}, _result(["4"], ["3"]))      # partly shared: can be first
+    row = uf.row()
+    assert row["uf n"] == 4 and row["uf undecidable"] == 2
+    assert row["update-first"] == pytest.approx(2 / 4) and row["uf decidable"] == pytest.approx(2 / 2)
+    assert math.isnan(UpdateFirst().row()["uf decidable"])
+
+
+def scale_result(validity: bool = True) -> ScaleResult:
+    """A measured scale as `run_beam` returns it, figures made up (one strategy, 17 timed queries)."""
+    questions = [{"user": "beam-100K-1", "question": "q", "ability": "knowledge_update", "evidence": {"1"}}]
+    row = {"strategy": "dense", "R@5": 0.5, "R@10": 0.75, "R@5 cknowledge_update": 0.5,
+           "R@10 cknowledge_update": 0.75, "update-first": 0.4, "uf n": 5, "uf neither": 1, "uf tie": 1,
+           "uf undecidable": 1, "uf decidable": 0.5, "p50 ms": 2.0, "p99 ms": 9.0, "timed": 17}
+    return ScaleResult(scale="100K", chats=["beam-100K-1"], questions=questions, no_evidence=0, missing_evidence=0,
+                       rows=[row], cold_ms=[100.0], cold_tokenized=0, cold_rows=10, consolidation=Consolidation(),
+                       default_strategy="dense", memory={"messages": 4}, peak_mb=1.0,
+                       copies_memory={"messages": 4}, validity=validity)
+
+
+def test_the_report_says_what_dense_returns_and_how_many_queries_were_timed(tmp_path: Path) -> None:
+    text = report(scale_result(), tmp_path / "ANCHORS.md", copies=2)
+    assert "dense = top-K over raw messages, plus the newer versions" in text and "retrieval.validity" in text
+    assert "dense = top-K over raw messages (validity off)" in report(scale_result(False), tmp_path / "ANCHORS.md")
+    head, _, cells = table(scale_result()).splitlines()
+    columns = dict(zip(*([c.strip() for c in line.strip("|").split("|")] for line in (head, cells))))
+    assert columns["p99 ms"] == "9.00" and columns["timed"] == "17"
+    assert columns["update-first"] == "0.400" and columns["uf decidable"] == "0.500"
+    assert "1 of the 5 undecidable" in text and "over the other 4" in text
+    assert "memory of these chats' users {'messages': 4} (their copies apart: {'messages': 4})" in text
+
+
+def test_memory_counts_only_the_chats_asked(tmp_path: Path) -> None:
+    """A reused store holding another user, and copies: the memory counts are the asked chat's own."""
+    tiny_chat(tmp_path / "data" / "100K" / "7")
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"user_id": "aaa-other", "session_id": "s1", "message_id": f"m{i}",
+                                         "speaker": "user", "text": f"note {i} about gardening",
+                                         "timestamp": f"2025-01-01T00:00:0{i}+00:00"}) + "\n" for i in range(6)))
+    ingest(open_store(Settings().with_overrides(store=str(tmp_path / "stores" / "100K"))), str(other), "jsonl")
+    [res] = run_beam(str(tmp_path / "data"), strategies=["dense"], copies=2, store=str(tmp_path / "stores"),
+                     settings=settings())
+    assert res.memory["messages"] == 4 and res.copies_memory["messages"] == 4
+    assert res.memory["fragments"] == res.copies_memory["fragments"] > 0
+    assert all(r["timed"] == len(res.questions) for r in res.rows)

@@ -1,5 +1,6 @@
 """`mnemo bench beam-anchors`: the raw-message anchors reproduce ANCHORS.md on the 100K development
-chats when the markers are kept; the reader's marker stripping, the BM25 channel and the fusion."""
+chats when the markers are kept; the reader's marker stripping, the BM25 channel and the fusion; the
+update-first share over the decidable questions beside the published one."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation.beam import anchor_lines
+from evaluation.beam_report import anchor_lines
 from evaluation.beam_anchors import Okapi, chat_messages, rankings, report, score_scale
 from memory.errors import ConfigError
 from memory.ingest.beam import read_beam
@@ -93,3 +94,22 @@ def test_a_missing_scale_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "100K").mkdir()
     with pytest.raises(ConfigError, match="no N/chat.json"):
         score_scale(tmp_path, "100K", Settings())
+
+
+def test_an_update_naming_one_message_for_both_sides_is_counted_undecidable(tmp_path: Path) -> None:
+    folder = tmp_path / "100K" / "1"
+    folder.mkdir(parents=True)
+    (folder / "chat.json").write_text(json.dumps([{"batch_number": 1, "turns": [[
+        {"role": "user", "id": 0, "content": "I work at a bakery in Porto.", "time_anchor": "March-1-2024"},
+        {"role": "assistant", "id": 1, "content": "Porto has fine bakeries."},
+        {"role": "user", "id": 2, "content": "I moved: I now work at a bakery in Lisbon."}]]}]))
+    (folder / "probing_questions.json").write_text(json.dumps({"knowledge_update": [
+        {"question": "Where do I work now?", "source_chat_ids": {"original_info": [0], "updated_info": [2]}},
+        {"question": "Where is the bakery I work at?",
+         "source_chat_ids": {"original_info": [2], "updated_info": [2]}}]}))
+    res = score_scale(tmp_path, "100K", Settings())
+    assert res["uf n"] == 2 and res["uf undecidable"] == 1
+    for method in ("dense", "bm25", "rrf"):
+        assert res["uf decidable"][method] == 2 * res["update_first"][method]   # the one never first left out
+    text = report(res)
+    assert "update-first: 2 knowledge_update questions, 1 undecidable" in text and "| uf decidable |" in text

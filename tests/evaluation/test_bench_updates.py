@@ -1,6 +1,7 @@
 """`mnemo bench updates`: on one BEAM 100K development chat (messages shortened, every id and question
 kept) the figures print with validity on and off, a kept store is reused (nothing consolidated or
-examined again), and a missing scale is a ConfigError."""
+examined again), and a missing scale is a ConfigError; the contradiction figures over the questions
+with two distinct statements, and the undecidable update-first questions, are printed beside."""
 from __future__ import annotations
 
 import re
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.updates import bench_updates, flagged
+from evaluation.updates import bench_updates, cr_figures, flagged, report
 from retrieval.retriever import RetrievalResult, RetrievedItem
 from memory.errors import ConfigError
 from tests.evaluation.test_bench_beam import CHAT, shortened_copy
@@ -24,6 +25,8 @@ def test_bench_updates_on_one_100k_chat(tmp_path: Path) -> None:
         row = next(ln for ln in out.splitlines() if ln.startswith(f"| {label} |"))
         on, off = (float(x) for x in row.split("|")[2:4])
         assert 0.0 <= on <= 1.0 and 0.0 <= off <= 1.0
+    assert "CR questions naming one message for both statements: " in out
+    assert "KU questions undecidable for update-first" in out and "| update-first, the " in out
     assert (store / "100K").is_dir()
     again = bench_updates(str(tmp_path / "data"), scales=["100K"], store=str(store))
     assert "examined now {'examined': 0," in again                          # decided once, kept
@@ -48,3 +51,26 @@ def test_flagged_counts_a_counterpart_that_context_shows() -> None:
     assert not flagged(res, {"58"}, {"3"}, lambda mid: sources.get(mid, []))   # its counterpart cites 58, not 3
     said.also_contradicts = [{"id": "msg-3", "text": "user: I like tea", "date": "2024-03-01"}]
     assert flagged(res, {"58"}, {"3"})                            # a further counterpart, returned
+
+
+def test_questions_naming_one_message_for_both_statements_are_counted_apart() -> None:
+    """One message for both statements finds "both" as soon as it is found: the figures over every
+    question stay as printed, and those over the questions with two statements print beside them."""
+    both = [True, True, True, False, True]
+    flag = [True, False, True, False, False]
+    same = [True, True, False, False, False]     # the first two name one message for both
+    f = cr_figures(both, flag, same)
+    assert f["CR n"] == 5 and f["CR same n"] == 2
+    assert f["CR both"] == 0.8 and f["CR flagged"] == 0.4                       # as printed before
+    assert f["CR both 2"] == 2 / 3 and f["CR flagged 2"] == 1 / 3               # the 3 with two statements
+    figures = {**f, "update-first": 0.5, "uf decidable": 2 / 3, "uf undecidable": 1, "uf n": 4, "KU n": 4,
+               "updated R@10": 1.0, "KU R@10": 1.0, "R@10": 0.5}
+    text = report({"scale": "100K", "chats": 1, "questions": 9, "figures": {"on": figures, "off": figures},
+                   "counts": {"fragments": 0, "superseded": 0, "contradicts": 0}, "examined": {}, "prep_s": 0.0})
+    assert ("CR questions naming one message for both statements: 2 of 5; over the 3 with two (validity on): "
+            "both 0.667, flagged 0.333") in text
+    assert "| CR both statements in top-10 | 0.800 |" in text
+    assert "| CR both statements in top-10, the 3 with two | 0.667 |" in text
+    assert "undecidable for update-first (the updated message is an original one too: never first): 1 of 4" in text
+    assert "| update-first (KU, top-10) | 0.500 |" in text
+    assert "| update-first, the 3 decidable KU questions | 0.667 |" in text
