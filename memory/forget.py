@@ -91,6 +91,8 @@ class ForgetReport:
 
     @property
     def bytes_reclaimed(self) -> int:
+        """Store bytes before minus after: negative on a small store, where the re-derived memories
+        and rebuilt indices outweigh what was deleted (the forgotten text is gone all the same)."""
         return self.bytes_before - self.bytes_after
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +103,10 @@ class ForgetReport:
         redo = ", ".join(f"{k} {v}" for k, v in sorted(self.rederived.items()) if v) or "nothing"
         purge_note = ("old versions kept (--keep-versions): the forgotten text stays in older table versions "
                       "until they are cleaned up" if self.keep_versions else
-                      f"purged: {self.bytes_reclaimed:+,d} bytes reclaimed" if self.purged else "nothing to purge")
+                      f"purged: store {self.bytes_before:,} -> {self.bytes_after:,} bytes ("
+                      + (f"{self.bytes_reclaimed:,} reclaimed)" if self.bytes_reclaimed >= 0 else
+                         f"{-self.bytes_reclaimed:,} more: re-derived rows and rebuilt indices outweigh what "
+                         "was deleted)") if self.purged else "nothing to purge")
         return (f"forget {self.run_id}: user {self.user_id}, {self.messages} messages forgotten; deleted: {dels}; "
                 f"re-derived ({self.sessions_rerun} sessions after {self.rollback_to or '-'}): {redo}; "
                 f"LLM {self.llm_calls} calls, {self.cache_hits} cache hits; {purge_note}; {self.seconds:.1f}s")

@@ -214,7 +214,8 @@ def hold_write(held: Lease | RowLease, uri: str, wait_s: float = WRITE_LEASE_WAI
         who = held.holder()
         return StoreBusyError(
             f"store {uri} is busy: another writer held its write lease for over {wait_s:g}s"
-            + (f" ({who})" if who else "") + "; retry later, or raise write_lease_wait_s",
+            + (f" ({who})" if who else "") + "; retry later, or raise "
+            "MNEMO_WRITE_LEASE_WAIT_S (in `mnemo serve` / `mnemo mcp`: MNEMO_RETRIEVAL_WRITE_WAIT_S)",
             uri=uri, wait_s=wait_s, holder=who)
 
     return held.hold(wait_s, busy)

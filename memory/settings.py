@@ -15,10 +15,15 @@ see retrieval/rfmem.py). `PAPER` keeps the published values.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import difflib
+import logging
+import os
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
 
 
 #: the published RF-Mem hyperparameters (PersonaMem, Appendix B / D.2), for reference and overrides
@@ -271,10 +276,35 @@ class _FromEnvironment(BaseSettings, Settings):
     api_key: ApiKey | None = Field(None, exclude=True)
 
 
+#: `MNEMO_*` variables that are no setting (the deployment's: infra/prefect.yaml)
+OTHER_VARIABLES = frozenset({"MNEMO_REPO_DIR"})
+
+
+def setting_variables() -> frozenset[str]:
+    """Every `MNEMO_*` variable a setting reads: MNEMO_<FIELD>, MNEMO_<SECTION>_<FIELD>, MNEMO_API_KEY."""
+    names = {"MNEMO_API_KEY"}
+    for name, info in Settings.model_fields.items():
+        names.add(f"MNEMO_{name.upper()}")
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            names |= {f"MNEMO_{name.upper()}_{sub.upper()}" for sub in info.annotation.model_fields}
+    return frozenset(names)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """`MNEMO_*` variables of `environ` that no setting reads (a typo is otherwise silently ignored),
+    each with the closest setting's variable, if one is close."""
+    known = setting_variables() | OTHER_VARIABLES
+    return {k: next(iter(difflib.get_close_matches(k.upper(), known, n=1, cutoff=0.75)), None)
+            for k in sorted(environ) if k.upper().startswith("MNEMO_") and k.upper() not in known}
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment with the non-None `overrides` applied (CLI flags win).
+    """Settings from the environment with the non-None `overrides` applied (CLI flags win); a
+    `MNEMO_*` variable no setting reads is named in a warning.
 
     The one place mnemo reads its environment; call it at an edge and pass the result down."""
+    for name, close in unknown_variables(os.environ).items():
+        log.warning("%s is no mnemo setting and is ignored%s", name, f" (did you mean {close}?)" if close else "")
     env = _FromEnvironment()
     data = env.model_dump(exclude={"api_key"})
     if env.api_key is not None and data["retrieval"].get("api_key") is None:

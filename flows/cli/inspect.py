@@ -4,6 +4,7 @@ graph) and checking it (duplicate ids, rows whose source messages are missing; `
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -29,7 +30,8 @@ def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     table = Table("user", *kinds, title=f"store {settings.store}")
     for user, row in users.items():
         table.add_row(user, *(str(row.get(k, 0)) for k in kinds))
-    Console().print(table)
+    # piped, rich would fit the table into 80 columns and cut every header; a table takes only the width it needs
+    Console(width=None if sys.stdout.isatty() else 10_000).print(table)
     typer.echo(f"{len(users)} users")
 
 

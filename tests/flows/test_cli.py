@@ -268,3 +268,11 @@ def test_bench_beam_anchors_passes_its_flags(monkeypatch: pytest.MonkeyPatch) ->
     [kw] = calls
     assert kw["path"] == "beam" and kw["scales"] == ["100K", "500K"] and kw["keep_markers"] is True
     assert isinstance(kw["settings"], Settings)
+
+
+def test_stats_piped_shows_every_column_whole(sample_store: Store) -> None:
+    out = invoke("--store", sample_store.uri, "stats")               # CliRunner's stdout is no terminal
+    assert out.exit_code == 0, out.output
+    for name in ("graph_edges", "graph_nodes", "fragments", "summaries", "alice", "bob"):
+        assert name in out.output, out.output
+    assert "…" not in out.output

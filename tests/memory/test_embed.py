@@ -115,3 +115,10 @@ def test_vectors_of_two_embedders_are_not_mixed() -> None:
     assert "'all-MiniLM-L6-v2'" in str(err.value) and "'all-MiniLM-L6-v2+onnx-int8'" in str(err.value)
     again = pickle.loads(pickle.dumps(err.value))
     assert str(again) == str(err.value) and again.recorded == "all-MiniLM-L6-v2"
+
+
+@pytest.mark.parametrize("model", ["/nonexistent/model", "@@bad@@"])
+def test_a_model_that_cannot_load_is_a_config_error_naming_the_setting(model: str) -> None:
+    with pytest.raises(ConfigError, match="MNEMO_EMBED_MODEL") as err:
+        SentenceTransformerEmbedder(model=model).embed(["hello"])
+    assert model in str(err.value)

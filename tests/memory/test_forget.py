@@ -13,7 +13,7 @@ from lancedb.expr import col, lit
 
 from evaluation.forget import BACKEND as CACHED_RULES   # `rules` answered through a live backend's path
 from memory.errors import RunInProgressError
-from memory.forget import forget
+from memory.forget import ForgetReport, forget
 from memory.ingest import append, ingest
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
@@ -435,3 +435,12 @@ def test_a_forget_killed_after_deleting_the_messages_leaves_no_pointer_to_them(
     stored = {r for name in ("messages", "fragments", "insights")
               for r in killed.read(name, "bob", columns=["id"]).column("id").to_pylist()}
     assert all(by in stored for _, by, _ in validity(killed) if by)
+
+
+@pytest.mark.parametrize("before, after, says", [
+    (1_000_000, 400_000, "purged: store 1,000,000 -> 400,000 bytes (600,000 reclaimed)"),
+    (10_000, 11_731, "purged: store 10,000 -> 11,731 bytes (1,731 more: re-derived rows and rebuilt indices"),
+])
+def test_the_summary_says_what_the_store_size_did(before: int, after: int, says: str) -> None:
+    report = ForgetReport(run_id="r", user_id="alice", scope={}, bytes_before=before, bytes_after=after, purged=True)
+    assert says in report.summary() and report.to_dict()["bytes_reclaimed"] == before - after
