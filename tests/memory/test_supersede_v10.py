@@ -16,7 +16,7 @@ def _f(text: str, mid: str) -> dict[str, Any]:
 
 
 def test_version() -> None:
-    assert SUPERSEDE_VERSION == "rules-supersede-v10"
+    assert SUPERSEDE_VERSION == "rules-supersede-v11"
 
 
 def test_only_a_reschedule_cue_moves_a_date() -> None:

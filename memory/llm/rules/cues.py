@@ -12,6 +12,10 @@
   something happened on a date, not that a date moved: v9 closed ``switched to Scrivener on May 5``
   with ``final draft reached 4,700 words by May 13``. A cue reaches the first value after it: in
   ``meeting rescheduled from 3 PM to 5 PM on June 2`` the time moved, not the date.
+* **whole changes** (v11): a number that is one end of a change told whole in its statement
+  (``improved from 78% to 88%``: `whole_change`) is that statement's own account of a change;
+  `memory.llm.rules.supersede` compares it with another such end only at a stronger context, or
+  when one change starts where the other ended.
 * **past events** (v10): a date whose clause tells what was done (``used the Hemingway Editor on
   July 15``, ``found on May 6``: a past verb, and no deadline, due date or plan in the clause) is
   history; no later date replaces it.
@@ -21,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["CUE_WORDS", "STATED_WORDS", "Cue", "cue", "past_event", "reverts"]
+__all__ = ["CUE_WORDS", "STATED_WORDS", "Cue", "cue", "past_event", "reverts", "whole_change"]
 
 #: words before a changed value that a change cue must fall within (a name's: `named.NAME_WORDS`)
 CUE_WORDS = 8
@@ -55,6 +59,10 @@ _RESCHEDULE_RE = re.compile(r"(?<![\w-])(?:reschedul(?:ed|ing)|postpon(?:ed|ing)
                             re.IGNORECASE)
 #: the "from ... to" of a range a reschedule cue moves ("moved from November 15 to November 22")
 _FROM_TO_RE = re.compile(r"\bfrom\s+[^.,;:!?]{1,30}?\s+to\b", re.IGNORECASE)
+#: the start and the end of a change told whole: "from 78% to 88%", "from $1,200 to 1,500"
+_FROM_START_RE = re.compile(r"\bfrom\s+[$~]?$", re.IGNORECASE)
+_FROM_REST_RE = re.compile(r"^[$~]?\d[\d.,]*\s?(?:%|[\w\-]+)?\s+to\s+[$~]?\d", re.IGNORECASE)
+_FROM_END_RE = re.compile(r"\bfrom\s+[$~]?\d[\d.,]*\s?(?:%|[\w\-]+)?\s+to\s+[$~]?$", re.IGNORECASE)
 #: words saying a value goes back to an earlier one: a restatement of it is then a real change
 _REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|revert(?:s|ed|ing)?|returned\s+to|restored?)\b", re.IGNORECASE)
 #: a clause's end: a sentence stop, or a comma, dash or "and" opening another clause
@@ -112,3 +120,9 @@ def past_event(prefix: str, rest: str) -> bool:
 def reverts(text: str) -> bool:
     """The text says a value went back to an earlier one ("back to", "reverted")."""
     return bool(_REVERT_RE.search(text))
+
+
+def whole_change(prefix: str, number: str) -> bool:
+    """The number that opens `number` (the text from it on), after `prefix`, is one end of a change
+    told whole in one statement: "from 78% to 88%", "from 20 to 12 minutes" (v11)."""
+    return bool(_FROM_START_RE.search(prefix) and _FROM_REST_RE.match(number)) or bool(_FROM_END_RE.search(prefix))

@@ -24,6 +24,18 @@ Read from the words just before the number (and a goal noun right after it), no 
   number completes ("a budget of $500", "the target is 85%"; not "my budget tracker has 150") or
   that follows it ("a 300ms target", "85% coverage goal");
 * **delta**: "by" right before the number ("cut it by 25%", "reduced by about 12MB").
+
+v11 (an audit of v10's closings):
+
+* a count of a **load** ("with 50 concurrent users", "simulate 1,000 simultaneous chats") is a
+  condition whatever the word before it: v10 compared the 99.9% uptime "with 50 concurrent users"
+  and a response time "with 30 concurrent users" as one count;
+* a **limit** is a number set as a cap (`Mode.limit`: "a memory limit set to 512MB", "max display
+  time of 2 seconds", "a 2GB cap"): a limit and a measured value are two facts ("using around
+  400MB" / "a memory limit set to 512MB"), unless the statement of the value speaks of a limit too
+  (`speaks_of_limits`: "rate limiting ... set it to 100 requests/minute" / "the new rate limit of 120");
+* a **delta** changes no delta: each says how much one change moved a value, so another amount is
+  another change ("reduce passive voice by 25%" in an essay, "by 35%" in a conference paper).
 """
 from __future__ import annotations
 
@@ -32,7 +44,7 @@ from typing import NamedTuple
 
 from memory.llm.rules.units import MEASURES
 
-__all__ = ["GOAL_WORDS", "Mode", "mode"]
+__all__ = ["GOAL_WORDS", "Mode", "mode", "speaks_of_limits"]
 
 #: words before a number (in its clause) that a goal word must fall within (a quantity's context window)
 GOAL_WORDS = 6
@@ -57,6 +69,18 @@ _DELTA_RE = re.compile(rf"\bby\s+{_APPROX}$", re.IGNORECASE)
 #: a currency sign or a tilde right before the number ("under $300", "by ~12MB")
 _SIGN_RE = re.compile(r"[$€£~]\s*$")
 _CLAUSE_RE = re.compile(r"[.;:!?]\s|,(?!\d)")
+#: a count of simultaneous things: a load a measurement runs under (v11)
+_LOAD_RE = re.compile(r"^(?:concurrent|simultaneou|parallel)", re.IGNORECASE)
+#: a limit word the number completes, up to three words on ("a memory limit set to 512MB", "max display
+#: time of 2 seconds"), or right before it ("limit: 100") (v11)
+_LIMIT_BEFORE_RE = re.compile(r"\b(?:limits?|max|maximum|cap|quota|ceiling)\b(?:\s+(?!(?:and|but|or|which|while|"
+                              r"with)\b)[\w\-]+){0,3}?\s+(?:of|to|at|is|set\s+to)\s*$|"
+                              r"\b(?:limits?|max|maximum|cap|quota)\s*:?\s*$", re.IGNORECASE)
+#: a limit noun right after the number or one word on ("a 512MB limit", "a 2GB memory cap") (v11)
+_LIMIT_AFTER_RE = re.compile(r"^\s*(?:(?!(?:with|and|but|or|which|while|for|to|of|in|on|at|by|as|is|was)\b)"
+                             r"[\w\-]+\s+)?(?:limits?|cap|quota|ceiling)\b", re.IGNORECASE)
+#: any word of a limit in a statement (v11)
+_LIMIT_WORD_RE = re.compile(r"\b(?:limit\w*|max|maximum|cap|caps|capped|quota|ceiling|throttl\w*)\b", re.IGNORECASE)
 
 
 class Mode(NamedTuple):
@@ -65,6 +89,8 @@ class Mode(NamedTuple):
     condition: bool = False
     bound: bool = False
     delta: bool = False
+    #: a number set as a cap ("a memory limit set to 512MB"; v11)
+    limit: bool = False
 
 
 def mode(prefix: str, rest: str, unit: str) -> Mode:
@@ -75,11 +101,18 @@ def mode(prefix: str, rest: str, unit: str) -> Mode:
     prefix = _SIGN_RE.sub("", prefix)
     words = prefix.split()
     last = words[-1].lower() if words else ""
-    condition = last == "across" or (last == "under" and unit.isalpha() and unit not in MEASURES)
+    condition = last == "across" or (last == "under" and unit.isalpha() and unit not in MEASURES) or bool(
+        _LOAD_RE.match(unit))
     before = prefix.rstrip() + " "
     clause = _CLAUSE_RE.split(prefix)[-1]
     preposition = _PREPOSITION_RE.search(before) and not _RAISED_RE.search(clause.rstrip() + " ")
     bound = not condition and bool(preposition or _GOAL_NOUN_RE.search(before)
                                    or _GOAL_AFTER_RE.match(rest)
                                    or _GOAL_RE.search(" ".join(clause.split()[-GOAL_WORDS:])))
-    return Mode(condition=condition, bound=bound, delta=bool(_DELTA_RE.search(before)))
+    limit = bool(_LIMIT_BEFORE_RE.search(prefix) or _LIMIT_AFTER_RE.match(rest))
+    return Mode(condition=condition, bound=bound, delta=bool(_DELTA_RE.search(before)), limit=limit)
+
+
+def speaks_of_limits(text: str) -> bool:
+    """Some word of `text` speaks of a limit ("rate limiting", "max", "capped", "throttling"; v11)."""
+    return bool(_LIMIT_WORD_RE.search(text))

@@ -40,6 +40,15 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   a worked example (``can you help me calculate the area of a triangle with a base of 10 inches``) is
   an exercise's, compared with none. Units are read through one table of spellings
   (`memory.llm.rules.units`: ``300 milliseconds`` is ``300ms``).
+  v11 (an audit of v10's closings: most wrong ones were two numbers of one unit about different
+  things) vetoes a change between numbers that are about two things (`_apart`): what each is
+  attached to, its owner (``user's modal popup`` / ``user's portfolio site``) or the names before
+  it differ and neither statement names the other's (`memory.llm.rules.measured`); two deltas
+  (two changes); a limit and a measured value (``memory limit set to 512MB`` / ``using 400MB``);
+  two ends of changes told whole (``from 78% to 88%`` / ``from 70% to 90%``) at a context under
+  twice `MIN_SHARED`, unless one's end is the other's start (``from 65 to 72`` / ``from 72 to 78``).
+  A load (``with 50 concurrent users``) is a condition, and a bare load (``wants to simulate 500
+  concurrent users``) replaces only another bare load, no measurement's.
 * **restatements** — a newer fragment whose changed values are exactly those the older one
   replaced (the history: the fragments the older one closed, the turns it names in
   ``replaces_sources``) restates the old state and does not replace the current value (``100
@@ -73,8 +82,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
-from memory.llm.rules.cues import CUE_WORDS, cue, past_event, reverts
-from memory.llm.rules.modality import mode
+from memory.llm.rules.cues import CUE_WORDS, cue, past_event, reverts, whole_change
+from memory.llm.rules.measured import apart, kin, measure, names_before, owner, words
+from memory.llm.rules.modality import mode, speaks_of_limits
 from memory.llm.rules.named import named_change, subject_names
 from memory.llm.rules.negation import negation, says_never
 from memory.llm.rules.nonvalues import identifier, in_request
@@ -88,7 +98,8 @@ __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "
 # and deltas apart, the named-value rule tightened (an audit of v8's decisions: 21% right); v10: dates
 # move only on reschedule cues, past events' dates are history, identifiers and exercise numbers are no
 # quantities, one table of unit spellings
-SUPERSEDE_VERSION = "rules-supersede-v10"
+# v11: what a number is about (its measure, owner, names: `measured`), whole changes, limits, loads, deltas
+SUPERSEDE_VERSION = "rules-supersede-v11"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -154,6 +165,14 @@ class Quantity:
     past: bool = False
     #: the number is in a help request or a worked example (`nonvalues.in_request`, v10)
     example: bool = False
+    #: the number is set as a cap ("a memory limit set to 512MB": `modality`, v11)
+    limit: bool = False
+    #: the number is one end of a change told whole ("from 78% to 88%": `cues.whole_change`, v11)
+    whole: bool = False
+    #: what the number is attached to, its owner and the names before it (`measured`, v11)
+    measure: frozenset[str] = frozenset()
+    owner: frozenset[str] = frozenset()
+    names: frozenset[str] = frozenset()
 
     @property
     def needs_cue(self) -> bool:
@@ -190,7 +209,10 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
          if w in _PERIODS), "")
     return Quantity(value=value, unit=unit, context=frozenset(before + after + named), cued=said.cued, per=per,
                     condition=how.condition, bound=how.bound, delta=how.delta, stated=said.stated,
-                    past=dated and past_event(prefix, text[end:]), example=in_request(prefix))
+                    past=dated and past_event(prefix, text[end:]), example=in_request(prefix), limit=how.limit,
+                    whole=not dated and whole_change(prefix, text[start:]),
+                    measure=frozenset() if dated else measure(prefix, text[end:]),
+                    owner=owner(prefix, exclude, WINDOW), names=names_before(prefix))
 
 
 @lru_cache(maxsize=65536)
@@ -252,6 +274,10 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
         return []
     new_values, old_values = {(_kind(q), q.value) for q in new_q}, {(_kind(q), q.value) for q in old_q}
     same_period = any(kind == "date" and (kind, v) in old_values for kind, v in new_values)
+    texts = (_text(newer), _text(older))
+    said = (words(texts[0]), words(texts[1]))
+    limits = (speaks_of_limits(texts[0]), speaks_of_limits(texts[1]))
+    chained = any(not kind and (kind, v) in old_values for kind, v in new_values)   # "65 to 72" / "72 to 78"
     out: list[Quantity] = []
     conditions: list[Quantity] = []
     for nq in new_q:
@@ -259,6 +285,8 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
         for oq in old_q:
             if not _same_unit(nq, oq) or _shared(nq, oq) + scope < MIN_SHARED or _modes_differ(nq, oq):
                 continue
+            if _apart(nq, oq, said, limits, chained):
+                continue                               # v11: numbers of two different things
             if (_kind(nq), nq.value) in old_values or (_kind(oq), oq.value) in new_values:
                 continue
             if nq.needs_cue and not nq.cued:
@@ -270,6 +298,8 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
                 found.append(nq)
     if conditions and _measures(new_q) and _measures(old_q):
         return []
+    if _measures(new_q) or _measures(old_q):
+        return out                                     # v11: a bare load replaces no measurement's load
     return out or conditions
 
 
@@ -298,6 +328,22 @@ def _shared(a: Quantity, b: Quantity) -> int:
     for unit in ({a.unit, b.unit} & _SPAN_WORDS.keys()) if not a.cued else ():
         common -= _SPAN_WORDS[unit]
     return len(common)
+
+
+def _apart(a: Quantity, b: Quantity, said: tuple[frozenset[str], frozenset[str]],
+           limits: tuple[bool, bool], chained: bool = False) -> bool:
+    """Are the newer quantity `a` and the older `b` about two things though their contexts agree?
+    (v11, see the module doc; `said`: each statement's words, `limits`: whether each speaks of a
+    limit, `chained`: they share a number, one change's end the next one's start.)"""
+    if a.delta and b.delta:
+        return True
+    if a.limit != b.limit and not limits[1 if a.limit else 0]:
+        return True
+    if a.whole and b.whole and _shared(a, b) < 2 * MIN_SHARED and not chained:
+        return True
+    if apart(a.measure, b.measure, said[0], said[1]) and not kin(a.measure, b.measure):
+        return True
+    return apart(a.owner, b.owner, said[0], said[1]) or apart(a.names, b.names, said[0], said[1])
 
 
 def _modes_differ(a: Quantity, b: Quantity) -> bool:
