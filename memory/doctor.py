@@ -176,14 +176,13 @@ def remake_sessions(store: Store, mismatched: list[dict[str, Any]]) -> int:
         made, rows = _session_frames(store)
         keys = pl.DataFrame(mismatched).select("user_id", "session_id")
         fresh = made.join(keys, on=["user_id", "session_id"]).drop("archive", "observed")
-        kept = rows.select("user_id", "session_id", "archive", "observed", _ts="ts")   # (typed even when empty)
-        settled = pl.DataFrame(sorted(consolidated_sessions(store, keys.rows())), orient="row",
-                               schema={"user_id": pl.String, "session_id": pl.String}).with_columns(_settled=pl.lit(True))
+        kept = rows.select("user_id", "session_id", "archive", "observed")   # (typed even when empty)
+        settled = pl.DataFrame([(u, s, ts) for (u, s), ts in consolidated_sessions(store, keys.rows()).items()],
+                               orient="row", schema={"user_id": pl.String, "session_id": pl.String,
+                                                     "_ts": made.schema["ts"]})
         out = (fresh.join(kept, on=["user_id", "session_id"], how="left")
                .join(settled, on=["user_id", "session_id"], how="left")
-               .with_columns(pl.col("observed").fill_null(False),
-                             ts=pl.when(pl.col("_settled").fill_null(False) & pl.col("_ts").is_not_null())
-                             .then(pl.col("_ts")).otherwise(pl.col("ts")))
+               .with_columns(pl.col("observed").fill_null(False), ts=pl.coalesce("_ts", "ts"))
                .select(made.columns))
         if out.height:
             store.upsert("sessions", out.to_dicts())

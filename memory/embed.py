@@ -123,7 +123,7 @@ class SentenceTransformerEmbedder(Embedder):
             return SentenceTransformer(self.model_path, device=self.device)
         except (OSError, ValueError) as exc:   # a missing path, a bad repo id, a model not cached offline
             raise ConfigError(f"cannot load the embedding model {self.model_path!r} ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:200]}); set MNEMO_EMBED_MODEL to a local "
+                              f"{(str(exc).splitlines() or [''])[0][:200]}); set MNEMO_EMBED_MODEL to a local "
                               "sentence-transformers model folder, or unset it for the packaged "
                               "all-MiniLM-L6-v2 (no download at run time)", model=self.model_path) from None
 

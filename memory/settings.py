@@ -290,12 +290,20 @@ def setting_variables() -> frozenset[str]:
     return frozenset(names)
 
 
+def closest_variable(name: str) -> str | None:
+    """The setting's variable closest to `name` (a typo's fix), if one is close."""
+    return next(iter(difflib.get_close_matches(name.upper(), setting_variables(), n=1, cutoff=0.75)), None)
+
+
 def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     """`MNEMO_*` variables of `environ` that no setting reads (a typo is otherwise silently ignored),
-    each with the closest setting's variable, if one is close."""
+    each with `closest_variable`. A section's (`MNEMO_RETRIEVAL_*`) are left out: an unknown one
+    there stops loading with a validation error (`extra="forbid"`), which names it."""
     known = setting_variables() | OTHER_VARIABLES
-    return {k: next(iter(difflib.get_close_matches(k.upper(), known, n=1, cutoff=0.75)), None)
-            for k in sorted(environ) if k.upper().startswith("MNEMO_") and k.upper() not in known}
+    sections = tuple(f"MNEMO_{name.upper()}_" for name, info in Settings.model_fields.items()
+                     if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel))
+    return {k: closest_variable(k) for k in sorted(environ)
+            if k.upper().startswith("MNEMO_") and k.upper() not in known and not k.upper().startswith(sections)}
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -168,8 +168,8 @@ class Store:
         return self._write(name, data, mode="upsert")
 
     def insert_absent(self, name: str, data: Rows) -> int:
-        """Insert the rows whose `id` is not stored, leave stored ones as they are (a retried write keeps
-        its first version: feedback's `created_at`); returns the number inserted."""
+        """Insert the rows (the first of a repeated id) whose `id` is not stored, leave stored ones as they are
+        (a retried write keeps its first version: feedback's `created_at`); returns the number inserted."""
         return self._write(name, data, mode="absent")
 
     def _write(self, name: str, data: Rows, *, mode: str) -> int:
@@ -178,7 +178,7 @@ class Store:
         table = self.conform(name, data)
         if table.num_rows == 0:
             return 0
-        table, written = _dedupe_last(table), None
+        table, written = _dedupe(table, keep="first" if mode == "absent" else "last"), None
         with self.write_lease(), _write_lock(self.uri, name):
             tbl = self.table(name)
             tbl.checkout_latest()  # writes always start from the newest version (stale handles duplicate)
@@ -412,9 +412,9 @@ class Store:
         return latest
 
 
-def _dedupe_last(table: pa.Table) -> pa.Table:
-    """Keep the last row per id (merge_insert with duplicate source keys is an error)."""
-    ids = table.column("id").to_pylist()
-    if len(set(ids)) == len(ids):
+def _dedupe(table: pa.Table, keep: str) -> pa.Table:
+    """One row per id, the `keep` ("first" or "last") of each (merge_insert with duplicate keys is an error)."""
+    if len(set(ids := table.column("id").to_pylist())) == len(ids):
         return table
-    return table.take(sorted({key: i for i, key in enumerate(ids)}.values()))
+    at = {key: i for i, key in (enumerate(ids) if keep == "last" else reversed(list(enumerate(ids))))}
+    return table.take(sorted(at.values()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from retrieval.index import UserIndex
@@ -24,23 +25,31 @@ _VERBS = {"recommend": "recommended", "suggest": "suggested", "say": "said", "ad
           "mention": "mentioned", "tell": "told", "propose": "proposed", "explain": "explained",
           "outline": "outlined", "describe": "described", "provide": "provided", "give": "gave",
           "share": "shared", "show": "showed", "offer": "offered", "point out": "pointed out",
-          "walk me through": "walked me through", "lay out": "laid out", "list": "listed"}
-_PARTICIPLES = {**_VERBS, "give": "given", "show": "shown"}
+          "walk me through": "walked me through", "lay out": "laid out", "list": "listed",
+          "come up with": "came up with", "write": "wrote"}
+_PARTICIPLES = {**_VERBS, "give": "given", "show": "shown", "come up with": "come up with", "write": "written"}
 _BASE = "|".join(re.escape(v).replace(r"\ ", r"\s+") for v in sorted(_VERBS, key=len, reverse=True))
 _PAST = "|".join(re.escape(v).replace(r"\ ", r"\s+")
                  for v in sorted(set(_VERBS.values()) | set(_PARTICIPLES.values()), key=len, reverse=True))
-#: "did you (ever/once/just) recommend", "have/had you (ever) recommended", "you (had/'d/'ve/once)
-#: recommended"
+_WHEN = r"(?:(?:ever|once|just|already|previously|earlier)\s+)?"
+#: "did(n't) you (not) (ever/once/just) recommend", "have/had you (ever) recommended", "you
+#: (had/'d/'ve/once) recommended" (not after "if", a modal or a passive's "were": "if you told your
+#: boss", "would you have recommended", "were you told"), "what was your (earlier) recommendation"
 ASKS_WHAT_YOU_SAID = re.compile(
-    rf"\bdid\s+you\s+(?:(?:ever|once|just|already|previously|earlier)\s+)?(?:{_BASE})\b"
-    rf"|\b(?:had|have)\s+you\s+(?:(?:ever|once|just|already|previously|earlier)\s+)?(?:{_PAST})\b"
-    rf"|\byou(?:'d|'ve|\s+had|\s+have)?\s+(?:(?:once|just|already|previously|earlier)\s+)?(?:{_PAST})\b",
+    rf"\b(?:did|didn'?t)\s+you\s+(?:not\s+)?{_WHEN}(?:{_BASE})\b"
+    rf"|\b(?:had|have|hadn'?t|haven'?t)\s+you\s+{_WHEN}(?:{_PAST})\b"
+    rf"|(?<!\bif\s)(?<!\bwould\s)(?<!\bcould\s)(?<!\bshould\s)(?<!\bmight\s)(?<!\bwere\s)(?<!\bare\s)"
+    rf"(?<!\bwhen\s)(?<!\bunless\s)\byou(?:'d|'ve|\s+had|\s+have)?\s+{_WHEN}(?:{_PAST})\b"
+    r"|\b(?:what|which)\s+(?:was|were)\s+your\s+(?:\w+\s+)?(?:recommendation|suggestion|advice|tips?|idea|answer"
+    r"|explanation)s?\b"
+    r"|\byour\s+(?:earlier|previous|last|past|original)\s+(?:recommendation|suggestion|advice|tips?|answer"
+    r"|explanation)s?\b",
     re.IGNORECASE)
 
 
 def asks_what_you_said(text: str | None) -> bool:
     """Does the query ask what the assistant said, suggested or recommended before?"""
-    return bool(text) and ASKS_WHAT_YOU_SAID.search(text or "") is not None
+    return bool(text) and ASKS_WHAT_YOU_SAID.search((text or "").replace("\u2019", "'")) is not None
 
 
 def assistant_turns(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:
@@ -50,9 +59,9 @@ def assistant_turns(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:
         t = index.messages
         if not voices or t.num_rows == 0 or "speaker" not in t.column_names:
             return out
-        theirs = set(pc.filter(t.column("message_id"), index.said_by(voices)).to_pylist())
-        for message_id, row in index.turn_rows().items():
-            if message_id in theirs:
-                out[row] = True
+        theirs = pc.filter(t.column("message_id"), index.said_by(voices)).combine_chunks()
+        rows = np.flatnonzero(index.kinds == "message")
+        first = pc.list_element(index.meta.column("source_ids").take(pa.array(rows, pa.int64())), 0)
+        out[rows] = pc.fill_null(pc.is_in(first, value_set=theirs), False).to_numpy(zero_copy_only=False)
         return out
     return index.memo("assistant-turns:" + ",".join(sorted(voices)), build)

@@ -12,6 +12,9 @@ def shown_time(ts: pa.ChunkedArray | pa.Array, offset: pa.ChunkedArray | pa.Arra
     timestamp gave (the day its relative dates were read in), else in UTC without one."""
     frame = pl.DataFrame({"ts": pl.Series(ts), "off": pl.Series(offset, dtype=pl.Int32) if offset is not None
                           else pl.Series([None] * len(ts), dtype=pl.Int32)})
+    zoned = isinstance(frame.schema["ts"], pl.Datetime) and frame.schema["ts"].time_zone
+    if zoned:           # the store's column is UTC already; another zone's wall clock is not the base
+        frame = frame.with_columns(pl.col("ts").dt.convert_time_zone("UTC"))
     off = pl.col("off")
     hhmm = ((off.abs() // 60).cast(pl.String).str.zfill(2) + ":" + (off.abs() % 60).cast(pl.String).str.zfill(2))
     local = pl.when(off.is_null()).then(pl.col("ts").dt.strftime("%Y-%m-%d %H:%M")).otherwise(

@@ -29,7 +29,7 @@ from typer.core import TyperGroup
 from flows.cli import bench, consolidate, forget, ingest, inspect, mcp, retrieve
 from flows.cli.context import EXIT_BUSY, EXIT_FAILED, console
 from memory.errors import ConfigError, LLMError, MnemoError, ReplayMissError, RunInProgressError, StoreBusyError
-from memory.settings import load_settings
+from memory.settings import closest_variable, load_settings
 
 __all__ = ["app", "bench_app", "main"]
 
@@ -44,7 +44,9 @@ def _invalid(exc: ValidationError) -> str:
     first = exc.errors()[0]
     loc = [str(p) for p in first["loc"]]
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid setting {'.'.join(loc)} (MNEMO_{'_'.join(loc).upper()}): {first['msg']}{more}"
+    name = f"MNEMO_{'_'.join(loc).upper()}"
+    hint = f" (did you mean {close}?)" if first["type"] == "extra_forbidden" and (close := closest_variable(name)) else ""
+    return f"invalid setting {'.'.join(loc)} ({name}): {first['msg']}{hint}{more}"
 
 
 class MnemoGroup(TyperGroup):

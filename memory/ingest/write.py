@@ -186,33 +186,36 @@ def _changed_sessions(store: Store, batch: ArchiveBatch, new: pl.DataFrame,
     # session ids hash (user, session): reading them by id stays within the batch's users
     stored = {row["id"]: row for row in
               store.read_ids("sessions", fresh["id"].to_list(), columns=list(SESSIONS_SCHEMA)).to_pylist()}
-    settled = consolidated_sessions(store, fresh.select("user_id", "session_id").rows())
+    moving = [(r["user_id"], r["session_id"]) for r in fresh.iter_rows(named=True)
+              if r["id"] in stored and r["ts"] != stored[r["id"]]["ts"]]
+    settled = consolidated_sessions(store, moving)
     changed = []
     for row in fresh.iter_rows(named=True):
         old = stored.get(row["id"])
         row["observed"] = (row["user_id"], row["session_id"]) in observed or bool(old and old["observed"])
         if old:
             row["archive"] = old["archive"]
-            if (row["user_id"], row["session_id"]) in settled:
-                row["ts"] = old["ts"]
+        row["ts"] = settled.get((row["user_id"], row["session_id"]), row["ts"])
         if old != row:
             changed.append(row)
     return pl.DataFrame(changed, schema=SESSIONS_SCHEMA)
 
 
-def consolidated_sessions(store: Store, sessions: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Those of the (user, session) pairs a consolidation has taken in (they have a `progress` row).
+def consolidated_sessions(store: Store, sessions: Iterable[tuple[str, str]]) -> dict[tuple[str, str], datetime]:
+    """Those of the (user, session) pairs a consolidation has taken in (they have a `progress` row),
+    each with the time it was consolidated with (the row's `session_ts`).
 
     Such a session keeps its time when a later turn is dated before its first one (an append, a
     re-ingest, doctor's repair): its fragments, clusters and graph place carry that time, and a
     session must have one time in all of them. The new turn keeps its own time."""
     pairs = list(sessions)
     if not pairs or not store.has_table("progress"):
-        return set()
+        return {}
     ids = {progress_id(u, s): (u, s) for u, s in pairs}
-    rows = store.read_ids("progress", sorted(ids), columns=["id", "user_id"]).to_pylist()
+    rows = store.read_ids("progress", sorted(ids), columns=["id", "user_id", "session_ts"]).to_pylist()
     # ids hash (user, session): a row read is the pair asked for; the user check keeps it scoped
-    return {ids[r["id"]] for r in rows if r["id"] in ids and r["user_id"] == ids[r["id"]][0]}
+    return {ids[r["id"]]: r["session_ts"] for r in rows
+            if r["id"] in ids and r["user_id"] == ids[r["id"]][0] and r["session_ts"] is not None}
 
 
 def _new_observations(store: Store, observations: pl.DataFrame) -> pl.DataFrame:

@@ -46,6 +46,7 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         if settled and store.has_table("quarantine"):
             store.delete("quarantine", col("id").isin(settled))
         written["progress"] = store.upsert("progress", progress)
+        written["sessions"] = pin_session_times(store, state)
         marks = []
         for user in state.users:
             mine = [s for s in state.sessions if s.user_id == user]
@@ -58,6 +59,18 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
                           "run_id": state.run_id, "updated_at": now})
         written["watermarks"] = store.upsert("watermarks", marks)
     return written
+
+
+def pin_session_times(store: Store, state: ShardState) -> int:
+    """Give the sessions consolidated for the first time back the time their memories carry when
+    their row moved meanwhile (a turn dated before their first one appended during the run): a
+    consolidated session keeps one time (`memory.ingest.write.consolidated_sessions`)."""
+    firsts = {make_id(s.user_id, s.session_id): s for s in state.sessions if s.first}
+    if not firsts or not store.has_table("sessions"):
+        return 0
+    moved = [{**r, "ts": firsts[r["id"]].ts} for r in store.read_ids("sessions", sorted(firsts)).to_pylist()
+             if r["user_id"] == firsts[r["id"]].user_id and r["ts"] != firsts[r["id"]].ts]
+    return store.upsert("sessions", moved) if moved else 0
 
 
 def touched_clusters(state: ShardState) -> list[Cluster]:

@@ -276,3 +276,10 @@ def test_stats_piped_shows_every_column_whole(sample_store: Store) -> None:
     for name in ("graph_edges", "graph_nodes", "fragments", "summaries", "alice", "bob"):
         assert name in out.output, out.output
     assert "…" not in out.output
+
+
+def test_a_mistyped_section_variable_names_the_setting_meant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MNEMO_RETRIEVAL_RECAL_BOOST", "0.3")
+    out = invoke("--store", str(tmp_path / "store"), "stats")
+    assert out.exit_code == 2
+    assert "MNEMO_RETRIEVAL_RECAL_BOOST" in out.output and "did you mean MNEMO_RETRIEVAL_RECALL_BOOST?" in out.output

@@ -17,7 +17,7 @@ def test_every_field_and_section_field_has_its_variable() -> None:
 
 def test_unknown_variables_get_the_closest_setting() -> None:
     env = {"MNEMO_WRITE_WAIT_S": "3", "MNEMO_STORE": "x", "MNEMO_REPO_DIR": "/r", "MNEMO_ZZZ": "1",
-           "HOME": "/root", "mnemo_store": "y"}
+           "HOME": "/root", "mnemo_store": "y", "MNEMO_RETRIEVAL_RECAL_BOOST": "1"}   # a section's: an error
     assert unknown_variables(env) == {"MNEMO_WRITE_WAIT_S": "MNEMO_WRITE_LEASE_WAIT_S", "MNEMO_ZZZ": None}
 
 

@@ -37,3 +37,11 @@ def test_concurrent_writers_of_one_new_id_store_it_once(tmp_path: Path) -> None:
         t.join()
     ids = st.read("quarantine", columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == ["same", "seed"] and sorted(won) == [0, 0, 0, 1]
+
+
+def test_a_repeated_id_in_one_call_keeps_its_first_row(tmp_path: Path) -> None:
+    st = Store(str(tmp_path / "store"))
+    rows = [{"id": "c", "user_id": "ann", "stage": "first"}, {"id": "c", "user_id": "ann", "stage": "second"}]
+    assert st.insert_absent("quarantine", rows) == 1 and _stages(st) == {"c": "first"}
+    st.upsert("quarantine", rows)                          # an upsert keeps the last, as before
+    assert _stages(st) == {"c": "second"}

@@ -23,6 +23,8 @@ def test_local_time_with_its_offset_else_utc() -> None:
     assert got == ["2024-02-10 23:32 -08:00", "2024-02-11 13:02 +05:30", "2024-02-11 07:32 +00:00",
                    "2024-02-11 07:32", None]
     assert shown_time(ts, None).to_pylist()[:1] == ["2024-02-11 07:32"]   # a store without the column
+    eastern = pa.array([at], pa.timestamp("ns", tz="America/New_York"))       # another zone: its instant counts
+    assert shown_time(eastern, pa.array([-300], pa.int32())).to_pylist() == ["2024-02-11 02:32 -05:00"]
 
 
 def test_context_shows_the_day_the_speaker_said_it(tmp_path: Path, embedder: Embedder) -> None:
