@@ -69,6 +69,9 @@ class MnemoGroup(TyperGroup):
             _fail(str(exc))
         except ValidationError as exc:   # a flag's value out of its setting's range (--dask-local -1)
             _fail(_invalid(exc).replace("invalid setting", "invalid value for setting", 1))
+        except typer.BadParameter as exc:   # a flag's or argument's value, or a missing argument: one line too
+            where = exc.ctx.command_path if exc.ctx is not None else "mnemo"
+            _fail(f"{exc.format_message()} (see `{where} --help`)")
 
 
 app = typer.Typer(cls=MnemoGroup, help="mnemo: long-term memory for LLM assistants.", no_args_is_help=True,

@@ -283,3 +283,14 @@ def test_a_mistyped_section_variable_names_the_setting_meant(monkeypatch: pytest
     out = invoke("--store", str(tmp_path / "store"), "stats")
     assert out.exit_code == 2
     assert "MNEMO_RETRIEVAL_RECAL_BOOST" in out.output and "did you mean MNEMO_RETRIEVAL_RECALL_BOOST?" in out.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (("retrieve", "alice", "hi", "--k", "0"), "Invalid value for '--k'"),
+    (("retrieve", "alice"), "Missing argument 'query'"),
+])
+def test_a_bad_argument_is_one_line_naming_the_help(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    out = invoke("--store", str(tmp_path / "store"), *args)
+    assert out.exit_code == 2
+    lines = [ln for ln in out.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0] and "retrieve --help`)" in lines[0], out.output   # prog name: the runner's
