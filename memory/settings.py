@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+from functools import lru_cache
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
@@ -280,13 +281,18 @@ class _FromEnvironment(BaseSettings, Settings):
 OTHER_VARIABLES = frozenset({"MNEMO_REPO_DIR"})
 
 
+def _sections() -> dict[str, type[BaseModel]]:
+    """The sections of `Settings` (`retrieval`): fields that are models of their own."""
+    return {name: info.annotation for name, info in Settings.model_fields.items()
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+
+
+@lru_cache(maxsize=1)
 def setting_variables() -> frozenset[str]:
     """Every `MNEMO_*` variable a setting reads: MNEMO_<FIELD>, MNEMO_<SECTION>_<FIELD>, MNEMO_API_KEY."""
-    names = {"MNEMO_API_KEY"}
-    for name, info in Settings.model_fields.items():
-        names.add(f"MNEMO_{name.upper()}")
-        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
-            names |= {f"MNEMO_{name.upper()}_{sub.upper()}" for sub in info.annotation.model_fields}
+    names = {"MNEMO_API_KEY"} | {f"MNEMO_{name.upper()}" for name in Settings.model_fields}
+    for name, section in _sections().items():
+        names |= {f"MNEMO_{name.upper()}_{sub.upper()}" for sub in section.model_fields}
     return frozenset(names)
 
 
@@ -300,8 +306,7 @@ def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     each with `closest_variable`. A section's (`MNEMO_RETRIEVAL_*`) are left out: an unknown one
     there stops loading with a validation error (`extra="forbid"`), which names it."""
     known = setting_variables() | OTHER_VARIABLES
-    sections = tuple(f"MNEMO_{name.upper()}_" for name, info in Settings.model_fields.items()
-                     if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel))
+    sections = tuple(f"MNEMO_{name.upper()}_" for name in _sections())
     return {k: closest_variable(k) for k in sorted(environ)
             if k.upper().startswith("MNEMO_") and k.upper() not in known and not k.upper().startswith(sections)}
 

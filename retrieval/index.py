@@ -127,6 +127,12 @@ class UserIndex:
                                          value_set=pa.array(sorted({v.lower() for v in voices}))), False)
         return self.memo("said-by:" + ",".join(sorted(voices)), build)
 
+    def said_ids(self, voices: tuple[str, ...]) -> pa.Array:
+        """Message ids of the turns one of `voices` said (`said_by`), built once per index (the
+        assistant masks of the strategies and of the recall cue)."""
+        return self.memo("said-ids:" + ",".join(sorted(voices)), lambda: pc.filter(
+            self.messages.column("message_id"), self.said_by(voices)).combine_chunks())
+
     def turns(self) -> dict[str, str]:
         """message_id -> "speaker: text" of every turn of the user, built on first use."""
         t = self.messages

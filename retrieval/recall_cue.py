@@ -59,7 +59,7 @@ def assistant_turns(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:
         t = index.messages
         if not voices or t.num_rows == 0 or "speaker" not in t.column_names:
             return out
-        theirs = pc.filter(t.column("message_id"), index.said_by(voices)).combine_chunks()
+        theirs = index.said_ids(voices)
         rows = np.flatnonzero(index.kinds == "message")
         first = pc.list_element(index.meta.column("source_ids").take(pa.array(rows, pa.int64())), 0)
         out[rows] = pc.fill_null(pc.is_in(first, value_set=theirs), False).to_numpy(zero_copy_only=False)

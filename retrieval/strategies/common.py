@@ -91,11 +91,11 @@ def assistant_memories(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:
         t = index.messages
         if t.num_rows == 0 or "speaker" not in t.column_names or index.size == 0:
             return np.zeros(index.size, dtype=bool)
-        theirs = pc.filter(t.column("message_id"), index.said_by(voices))
+        theirs = index.said_ids(voices)
         lists = index.meta.column("source_ids").combine_chunks()
         lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(lists)        # the sources of every row, in row order
-        hit = pc.fill_null(pc.is_in(flat, value_set=theirs.combine_chunks()), False)
+        hit = pc.fill_null(pc.is_in(flat, value_set=theirs), False)
         hit_n = hit.to_numpy(zero_copy_only=False).astype(np.int64)
         owner = np.repeat(np.arange(index.size), lengths)
         theirs_n = np.bincount(owner, weights=hit_n, minlength=index.size)
