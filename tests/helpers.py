@@ -247,3 +247,8 @@ def run_lease_held(uri: str) -> Iterator[None]:
     finally:
         release.set()
         t.join()
+
+
+def statement(text: str, mid: str, subject: str = "user") -> dict[str, Any]:
+    """A fragment as the `rules` supersede decision reads it: its subject, text and one source turn."""
+    return {"subject": subject, "key": "", "content": text, "source_ids": [mid]}

@@ -11,10 +11,9 @@ from memory.embed import Embedder
 from memory.llm.rules.supersede import changed, decide, quantities, restates
 from memory.llm.rules.turns import History, Turns
 from memory.stages.supersede import plan
+from tests.helpers import statement
 
-
-def _f(text: str, mid: str, subject: str = "user") -> dict[str, Any]:
-    return {"subject": subject, "key": "", "content": text, "source_ids": [mid]}
+_f = statement
 
 
 def test_a_measurement_under_another_condition_is_another_fact() -> None:

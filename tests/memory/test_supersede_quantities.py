@@ -19,10 +19,9 @@ from memory.llm.rules.turns import Turns
 from memory.llm.rules.turns import plan_turns as stage_plan_turns
 from memory.stages.supersede import change_fragments, supersede_user
 from memory.store import Store
+from tests.helpers import statement
 
-
-def _f(text: str, mid: str, subject: str = "user") -> dict[str, Any]:
-    return {"subject": subject, "key": "", "content": text, "source_ids": [mid]}
+_f = statement
 
 
 def test_dates_and_times_are_their_own_kinds() -> None:

@@ -6,13 +6,10 @@ name is a year; one table of unit spellings ("300 milliseconds" is "300ms"). Eac
 decided otherwise by v9."""
 from __future__ import annotations
 
-from typing import Any
-
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, quantities
+from tests.helpers import statement
 
-
-def _f(text: str, mid: str) -> dict[str, Any]:
-    return {"subject": "user", "key": "", "content": text, "source_ids": [mid]}
+_f = statement
 
 
 def test_version() -> None:

@@ -4,16 +4,13 @@ different things): what a number is attached to, its owner and the names before 
 case here was decided "update" by v10; the right updates next to them still are."""
 from __future__ import annotations
 
-from typing import Any
-
 from memory.llm.rules.cues import whole_change
 from memory.llm.rules.measured import apart, measure, names_before, owner, words
 from memory.llm.rules.modality import mode, speaks_of_limits
 from memory.llm.rules.supersede import SUPERSEDE_VERSION, decide, quantities
+from tests.helpers import statement
 
-
-def _f(text: str, mid: str) -> dict[str, Any]:
-    return {"subject": "user", "key": "", "content": text, "source_ids": [mid]}
+_f = statement
 
 
 def test_version() -> None:
