@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from threadpoolctl import threadpool_limits
 
-from evaluation.common import evaluate, first_of_each_user, scratch_store
+from evaluation.common import evaluate, first_of_each_user, scratch_store, warm_up
 from evaluation.nightly import bench_nightly
 from memory.embed import embedder_for
 from memory.errors import ConfigError
@@ -292,8 +292,7 @@ def run_scale(root: Path, scale: str, store_dir: str, names: list[str], copies: 
             idx = r.user_index(user)
             tokenized += idx.lexical(r.settings.bm25_k1, r.settings.bm25_b).tokenized
             indexed += idx.size
-            for name in names:  # warm every strategy's caches before timing
-                r.retrieve(user, vecs[i], k=max(ks), strategy=name, text=questions[i]["question"])
+        warm_up(r, questions, vecs, max(ks), names)    # every strategy's caches warm before timing
         abilities = sorted({q["ability"] for q in questions})
         rows = []
         for name in names:
