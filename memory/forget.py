@@ -142,12 +142,14 @@ def forget(store: Store, settings: Settings, user_id: str, *, sessions: Iterable
         tables = set(touched).union(*(json.loads(r["counts_json"] or "{}").get("purge", []) for r in owed))
         status = "purging" if tables and not keep_versions else "completed"
         store.upsert("runs", [runs_row(report, status, started_at, done(intent(p, recorded)), tables)])
-    if status == "purging":   # recorded first: a purge that fails or dies is finished by the next forget
-        purge(store, tables | {"runs"})
-        report.purged = True
-        now = datetime.now(timezone.utc)
-        store.upsert("runs", [{**r, "status": "completed", "finished_at": now} for r in owed] +
-                     [runs_row(report, "completed", started_at, done(intent(p, recorded)), tables)])
+        # still under the run lease: a run waiting for it must not read a table the purge compacts and
+        # whose old files it deletes meanwhile
+        if status == "purging":   # recorded first: a purge that fails or dies is finished by the next forget
+            purge(store, tables | {"runs"})
+            report.purged = True
+            now = datetime.now(timezone.utc)
+            store.upsert("runs", [{**r, "status": "completed", "finished_at": now} for r in owed] +
+                         [runs_row(report, "completed", started_at, done(intent(p, recorded)), tables)])
     report.bytes_after = dir_bytes(store.uri)
     report.seconds = time.perf_counter() - start
     return report

@@ -16,10 +16,12 @@ from typing import Any
 from lancedb.expr import col, lit
 
 from memory.forget_plan import Plan
+from memory.ingest.append import APPEND_ARCHIVE
 from memory.ingest.common import STAGE as INGEST, parse_time
+from memory.stages.load import work_named
 from memory.store import Store
 
-#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`)
+#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`: `work_named`)
 SESSION_TASKS = ("extract", "topics")
 COLUMNS = ["id", "stage", "source", "raw"]
 
@@ -37,11 +39,14 @@ def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]
     gone_msgs = set(p.message_ids) | set(p.named_messages)
     gone_sessions = set(p.gone_sessions) | set(p.named_sessions)
     redone = {s["session_id"] for s in p.rerun} | gone_sessions
+    known = redone | set(store.read("sessions", user, columns=["session_id"]).column("session_id").to_pylist()
+                         if store.has_table("sessions") else [])
     out = set()
     for r in rows:
         stage, source = r["stage"] or "", r["source"] or ""
         if stage in SESSION_TASKS:
-            hit = source.split("/")[0] in redone
+            named = work_named(stage, source, known)
+            hit = named is not None and named[1] in redone
         elif stage == "reason":
             hit = source in dels.get("links", set())
         elif stage in ("summarize", "profile", "topic-merge"):
@@ -90,7 +95,7 @@ def _source_names(source: str, user: str, sessions: set[str]) -> bool:
     the path after the user (a session id may hold a `/` itself); a LoCoMo observation's path opens with
     `session_N_observation`, which names session `session_N`."""
     at = source.find(f":{user}/")
-    if at < 0:
+    if at < 0 or source.startswith(APPEND_ARCHIVE + ":"):   # an append's path is `user/index in its batch`
         return False
     parts = source[at + len(user) + 2:].split("/")
     prefixes = {"/".join(parts[:n]) for n in range(1, len(parts) + 1)}

@@ -3,7 +3,8 @@
 The one online write of the retriever. A record is scoped to its user and validated before it is
 stored: the query is not blank, `shown_ids` are distinct ids of memories retrievable for that user
 (any searchable kind), `cited_ids` ⊆ `shown_ids`, `reranker_version` (if any) is a version number
-(0 to 2**63 - 1, the store's int64). Writes go through one lock per process (one
+(0 to 2**63 - 1, the store's int64), and the shown ids are still stored when the record is written
+(under the write lease, which a forget holds while it deletes). Writes go through one lock per process (one
 writer per table); the id is a hash of (user, query, shown, cited), so a retried POST is stored
 once. The nightly `train` task (`retrieval.rerank.train`) reads the records newer than the last
 reranker version.
@@ -16,9 +17,11 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
+from lancedb.expr import col
 
 from memory.errors import ConfigError
 from memory.ids import make_id, validate_user_id
+from memory.schemas import MEMORY_TABLES
 from memory.store import Store
 
 MAX_SHOWN = 200
@@ -63,6 +66,16 @@ def validate(user_id: str, query: str, shown_ids: Sequence[str], cited_ids: Sequ
     return user_id, shown, cited
 
 
+def stored_ids(store: Store, user_id: str, ids: Sequence[str]) -> set[str]:
+    """Those of `ids` that a memory table (any searchable kind) holds for the user."""
+    found: set[str] = set()
+    for table in MEMORY_TABLES.values():
+        if store.has_table(table):
+            t = store.read(table, user_id, columns=["id"], where=col("id").isin(list(ids)))
+            found.update(t.column("id").to_pylist())
+    return found
+
+
 def feedback_id(user_id: str, query: str, shown: Sequence[str], cited: Sequence[str]) -> str:
     return make_id("feedback", user_id, query, "|".join(shown), "|".join(cited))
 
@@ -88,8 +101,15 @@ class FeedbackLog:
                "query_vector": None if embed is None else np.asarray(embed(query), dtype=np.float32),
                "shown_ids": shown, "cited_ids": cited, "reranker_version": reranker_version,
                "created_at": datetime.now(timezone.utc)}
-        with self._lock:   # a retried record is kept as first written: its created_at is what
-            self.store.insert_absent("feedback", [row])   # training reads as new since a version
+        with self._lock, self.store.write_lease():
+            # checked again under the lease a forget writes under: `known_ids` come from a cached index,
+            # and a record naming memories a forget in another process deleted meanwhile would outlive it
+            gone = sorted(set(shown) - stored_ids(self.store, user_id, shown))
+            if gone:
+                raise InvalidFeedbackError(f"ids no longer stored for user {user_id} (forgotten since they "
+                                           f"were shown?): {gone[:5]}", user_id=user_id, ids=gone[:20])
+            # a retried record is kept as first written: its created_at is what training reads as new
+            self.store.insert_absent("feedback", [row])
         return {"id": fid, "user_id": user_id, "shown": len(shown), "cited": len(cited)}
 
 

@@ -33,6 +33,7 @@ rows of summaries, and of extraction and topics with nothing stored since, becom
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import datetime, timezone
 from typing import Any
 
@@ -203,17 +204,12 @@ def legacy_progress(store: Store, user: str, sessions: pl.DataFrame,
     have |= {("topics", r["session_id"], r["subject"]) for r in
              store.read("topics", user, columns=["session_id", "subject"]).to_pylist()}
     quarantined: dict[str, list[dict[str, Any]]] = {}
+    known = set(sessions["session_id"].to_list()) | set(reach)
     for q in store.read("quarantine", user, columns=["id", "stage", "source"]).to_pylist():
-        work = WORK_OF_TASK.get(q["stage"] or "")
-        source = q["source"] or ""
-        if work == "extract":
-            sid, subject = source, ""
-        elif work == "topics":
-            sid, _, subject = source.rpartition("/")
-        elif work == "summarize":
-            sid, subject = "", ""
-        else:
+        named = work_named(q["stage"], q["source"], known)
+        if named is None:
             continue
+        work, sid, subject = named
         if (work, sid, subject) not in have:
             quarantined.setdefault(sid, []).append({"work": work, "subject": subject, "qid": q["id"]})
     out: dict[str, dict[str, Any]] = {}
@@ -225,6 +221,24 @@ def legacy_progress(store: Store, user: str, sessions: pl.DataFrame,
                                           quarantined.get(s["session_id"], []))
     out[""] = legacy_row(user, None, None, None, None, quarantined.get("", []))
     return out
+
+
+def work_named(stage: str | None, source: str | None, sessions: Collection[str]) -> tuple[str, str, str] | None:
+    """(work, session id, subject) of a quarantine row of LLM work (None: no session's work). An extract
+    row's source is its session id, a topics row's `session/subject`; either may hold a `/` itself, so
+    the session is the longest of `sessions` that opens the source (else the part before its last `/`)."""
+    work, source = WORK_OF_TASK.get(stage or ""), source or ""
+    if work == "extract":
+        return work, source, ""
+    if work == "topics":
+        sid = max((s for s in sessions if source.startswith(s + "/")), key=len, default=None)
+        if sid is None:
+            sid, _, subject = source.rpartition("/")
+            return work, sid, subject
+        return work, sid, source[len(sid) + 1:]
+    if work == "summarize":
+        return work, "", ""
+    return None
 
 
 def legacy_row(user: str, session_id: str | None, ts: datetime | None, n: int | None, next_seq: int | None,
