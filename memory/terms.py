@@ -10,6 +10,7 @@ so terms of an older tokenizer are never mixed with new ones.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from functools import cache
 
 import numpy as np
@@ -49,11 +50,11 @@ def words(text: pl.Expr) -> pl.Expr:
     return text.str.to_lowercase().str.extract_all(TOKEN_RE)
 
 
-def tokenize(text: str) -> list[str]:
-    """Lowercase word tokens without stop words, plurals folded (the query side)."""
+def tokenize(text: str, skip: Collection[str] = ()) -> list[str]:
+    """Lowercase word tokens without stop words (nor the words in `skip`), plurals folded (the query side)."""
     found = pl.Series([text], dtype=pl.Utf8).to_frame("t").select(words(pl.col("t"))).item().to_list()
     stop = stop_words()
-    return [_fold(t) for t in found if t not in stop]
+    return [_fold(t) for t in found if t not in stop and t not in skip]
 
 
 def message_text(speaker: pa.Array | pa.ChunkedArray, text: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -18,7 +18,7 @@ from memory.settings import RetrievalSettings
 from retrieval import rfmem
 from retrieval.calibration import calibrate
 from retrieval.index import UserIndex
-from retrieval.lexical import normalized
+from retrieval.lexical import QUESTION_WORDS, normalized
 from retrieval.recall_cue import asks_what_you_said, assistant_turns
 
 
@@ -58,7 +58,7 @@ class Query:
             self.index.kinds, s.kind_weights))
         out = weights[rows].copy()
         if self.text and s.lexical_weight > 0:
-            bm = self.index.lexical(s.bm25_k1, s.bm25_b).scores(self.text)[rows]
+            bm = self.index.lexical(s.bm25_k1, s.bm25_b).scores(self.text, QUESTION_WORDS)[rows]
             out += s.lexical_weight * normalized(bm)
             self.signals["lexical_hits"] = int((bm > 0).sum())
         if s.recall_boost and s.assistant_speakers and asks_what_you_said(self.text):

@@ -56,7 +56,12 @@ def store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Store
          "speaker": sp, "text": text, "ts": ts(1)} for i, (sp, text) in enumerate(TURNS)]
     for m, v in zip(msgs, embedder.embed([f"{m['speaker']}: {m['text']}" for m in msgs])):
         m["vector"] = v
-    st.upsert("messages", msgs)
+    chores = [{"id": f"lee-m{i}", "user_id": "lee", "session_id": "s1", "message_id": f"m{i}", "seq": i,
+               "speaker": "user", "text": text, "ts": ts(1)}
+              for i, text in enumerate(["I did the dishes after dinner", "My bike chain broke on the hill"])]
+    for m, v in zip(chores, embedder.embed([m["text"] for m in chores])):
+        m["vector"] = v
+    st.upsert("messages", msgs + chores)
     return st
 
 
@@ -92,3 +97,11 @@ def test_speakers_off_means_no_assistant_to_lift(store: Store, embedder: Embedde
     query = "What did you recommend for my basil plant that keeps wilting?"
     assert (_scores(store, embedder, query, recall_boost=0.7, assistant_speakers=())
             == _scores(store, embedder, query, recall_boost=0.0, assistant_speakers=()))
+
+
+def test_the_hybrid_bm25_leaves_the_questions_own_words_out(store: Store, embedder: Embedder) -> None:
+    """"What did I say about ...": only the turn about the hill matches lexically, not the one that
+    merely says "did" (`lexical.QUESTION_WORDS`)."""
+    r = Retriever(store, RetrievalSettings(refresh_ms=0, instruction_slots=0), embedder=embedder)
+    res = r.retrieve("lee", "What did I say about the hill?", k=2, strategy="hybrid")
+    assert res.signals["lexical_hits"] == 1

@@ -13,7 +13,7 @@ from memory.settings import RetrievalSettings
 from memory.terms import tokenize
 from retrieval import lexical, rfmem
 from retrieval.calibration import calibrate
-from retrieval.lexical import BM25Index
+from retrieval.lexical import QUESTION_WORDS, BM25Index
 
 
 def _unit(a: np.ndarray) -> np.ndarray:
@@ -117,6 +117,19 @@ def test_bm25_prefers_rare_matching_terms() -> None:
     assert s.argmax() == 0 and s[1] == 0 and s[2] == 0
     assert tokenize("The Paintings, of Sunrises!") == ["painting", "sunrise"]
     assert BM25Index([]).scores("anything").size == 0
+
+
+def test_question_words_are_left_out_of_the_query_only() -> None:
+    """"did", "does" and the verbs of saying point at the conversation: a turn that merely says "did"
+    gets nothing from them, while the stored terms keep them and the fold of "does" ("doe") stays a word."""
+    ix = BM25Index(["I did the dishes after dinner", "My bike chain broke on the hill", "John Doe called"])
+    plain = ix.scores("What did I say about the hill?")
+    assert plain[0] > 0 and plain[1] > 0
+    skipped = ix.scores("What did I say about the hill?", QUESTION_WORDS)
+    assert skipped[0] == 0 and skipped[1] == plain[1]
+    assert ix.scores("What did you recommend about Doe?", QUESTION_WORDS).argmax() == 2
+    assert ix.scores("did you say it", QUESTION_WORDS).max() == 0
+    assert tokenize("How does he say it", QUESTION_WORDS) == []
 
 
 def test_bm25_reads_every_script_alike_on_both_sides() -> None:
