@@ -13,7 +13,7 @@ _f = statement
 
 
 def test_version() -> None:
-    assert SUPERSEDE_VERSION == "rules-supersede-v11"
+    assert SUPERSEDE_VERSION == "rules-supersede-v12"
 
 
 def test_only_a_reschedule_cue_moves_a_date() -> None:

@@ -16,6 +16,10 @@
   (``improved from 78% to 88%``: `whole_change`) is that statement's own account of a change;
   `memory.llm.rules.supersede` compares it with another such end only at a stronger context, or
   when one change starts where the other ended.
+* **former values** (v12): a number said as one that held before (``initially 800ms``, ``the
+  previous 350ms``, ``an initial target of 15,000``, ``up from 1,500``) or that starts a change told
+  whole (the ``85%`` of ``from 85% to 93%``) is history in its statement (`former`): it neither
+  replaces nor is replaced, and a newer statement saying it does not keep it from being replaced.
 * **past events** (v10): a date whose clause tells what was done (``used the Hemingway Editor on
   July 15``, ``found on May 6``: a past verb, and no deadline, due date or plan in the clause) is
   history; no later date replaces it.
@@ -25,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["CUE_WORDS", "STATED_WORDS", "Cue", "cue", "past_event", "reverts", "whole_change"]
+__all__ = ["CUE_WORDS", "STATED_WORDS", "Cue", "cue", "former", "past_event", "reverts", "whole_change"]
 
 #: words before a changed value that a change cue must fall within (a name's: `named.NAME_WORDS`)
 CUE_WORDS = 8
@@ -63,6 +67,12 @@ _FROM_TO_RE = re.compile(r"\bfrom\s+[^.,;:!?]{1,30}?\s+to\b", re.IGNORECASE)
 _FROM_START_RE = re.compile(r"\bfrom\s+[$~]?$", re.IGNORECASE)
 _FROM_REST_RE = re.compile(r"^[$~]?\d[\d.,]*\s?(?:%|[\w\-]+)?\s+to\s+[$~]?\d", re.IGNORECASE)
 _FROM_END_RE = re.compile(r"\bfrom\s+[$~]?\d[\d.,]*\s?(?:%|[\w\-]+)?\s+to\s+[$~]?$", re.IGNORECASE)
+#: words right before a number that say it held before and no longer does (v12): "initially 800ms",
+#: "the previous 350ms", "user's initial target of 15,000"
+_FORMER_RE = re.compile(r"(?<![\w-])(?:initial(?:ly)?|original(?:ly)?|previous(?:ly)?|former(?:ly)?|earlier|"
+                        r"at\s+first|used\s+to\s+be)(?![\w-])(?:\s+[\w\-]+){0,2}?\s+(?:(?:of|was|is|at|been|"
+                        r"about|around|roughly|approximately|~)\s+)*[$~]?$"
+                        r"|(?<![\w-])(?:up|down)\s+from\s+(?:(?:the|my|our|user's)\s+)?[$~]?$", re.IGNORECASE)
 #: words saying a value goes back to an earlier one: a restatement of it is then a real change
 _REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|revert(?:s|ed|ing)?|returned\s+to|restored?)\b", re.IGNORECASE)
 #: a clause's end: a sentence stop, or a comma, dash or "and" opening another clause
@@ -120,6 +130,15 @@ def past_event(prefix: str, rest: str) -> bool:
 def reverts(text: str) -> bool:
     """The text says a value went back to an earlier one ("back to", "reverted")."""
     return bool(_REVERT_RE.search(text))
+
+
+def former(prefix: str, number: str) -> bool:
+    """The number that opens `number` (the text from it on), after `prefix`, is a value that held
+    before: said as former ("initially 800ms", "the previous 350ms", "an initial target of 15,000",
+    "up from the 1,500 words")
+    or the start of a change told whole ("from 85% to 93%": 85% held before). The statement tells
+    it as history: no later value replaces it, and it replaces none (v12)."""
+    return bool(_FORMER_RE.search(prefix)) or bool(_FROM_START_RE.search(prefix) and _FROM_REST_RE.match(number))
 
 
 def whole_change(prefix: str, number: str) -> bool:

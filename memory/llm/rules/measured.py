@@ -1,4 +1,4 @@
-"""What a number is about, for the `rules` supersede decision (rules-supersede-v11).
+"""What a number is about, for the `rules` supersede decision (rules-supersede-v11, v12).
 
 Two numbers of one unit whose contexts share words are often about two different things: an
 audit of v10's closings on the BEAM development stores found most wrong ones there ("a 400ms delay"
@@ -24,6 +24,17 @@ is compared with another whole change only when their contexts share twice `MIN_
 one starts where the other ended (``from 65 to 72`` / ``from 72 to 78``): each is the account of its
 own change (a quiz score's, an accuracy's), and most such pairs in a chat are two tests, two runs
 (`memory.llm.rules.supersede._apart`).
+
+v12 (an audit of v11's wrong closings, most still two numbers of two things):
+
+* owners are compared by their **head** noun too (`owner_head`): "user's Twitter API integration" /
+  "user's Twitter API query" share words but name two things; the head is read past opening
+  adjectives ("user's new message edit feature") and a possessive inside the phrase ends it ("user's
+  Flask app's memory usage": the app's). Two heads are apart unless one is the other's short form
+  ("app" / "application") or a statement names the other's (`heads_apart`);
+* one measure of two **kinds** (`kind`, `kinds_apart`): the word before the measure noun a number
+  completes ("average parsing time to 650ms" / "API response time is 320ms", "frame processing
+  latency from 250ms" / "API latency of 150ms").
 """
 from __future__ import annotations
 
@@ -33,7 +44,8 @@ from typing import AbstractSet
 from memory.llm.rules.units import unit_of
 from memory.text import is_content
 
-__all__ = ["KIN", "apart", "kin", "measure", "owner", "names_before", "stem", "words"]
+__all__ = ["KIN", "apart", "heads_apart", "kin", "kind", "kinds_apart", "measure", "owner", "owner_head",
+           "names_before", "stem", "words"]
 
 _STEM_RE = re.compile(r"(?:ing|ed|es|s)$")
 _WORD_RE = re.compile(r"[A-Za-z][\w\-]*(?:\.[A-Za-z]\w*)*")
@@ -49,6 +61,10 @@ _COMPLETES_RE = re.compile(r"([A-Za-z][\w\-]*)\s+(?:of|is|was|at|to|every|reache
                            r"(?:is|was)\s+(?:now|currently)(?:\s+at)?|(?:is|was)\s+at)\s+"
                            + _APPROX + r"[$~]?$", re.IGNORECASE)
 _AFTER_RE = re.compile(r"^\s*([A-Za-z][\w\-]*)")
+#: the word naming which kind of a measure the number completes: "parsing time to 650ms", "API latency
+#: of 150ms", "frame processing latency from 250ms" (v12)
+_KIND_RE = re.compile(r"([A-Za-z][\w\-@]*)\s+[A-Za-z][\w\-]*\s+(?:of|is|was|at|to|from|reached|hit|(?:is|was)\s+"
+                      r"(?:now|currently)(?:\s+at)?)\s+" + _APPROX + r"[$~]?$", re.IGNORECASE)
 _SENTENCE_RE = re.compile(r"[.;:!?]\s")
 #: a comma right before a clause's subject ("my progress, I've completed 40%"): an owner before it is
 #: another clause's (not after a relative or a conjunction: "user's modal popup, which currently has a
@@ -58,6 +74,8 @@ _SUBJECT_CLAUSE_RE = re.compile(r",\s*(?:I|I'm|I've|I'd|we|we've|user|he|she|the
 _NOT_NAMES = frozenset("""i january february march april may june july august september october november december
 jan feb mar apr jun jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday
 am pm""".split())
+#: adjectives opening an owner's phrase, read past to its nouns (v12: "user's new message edit feature")
+_ADJECTIVES = frozenset("new current latest own first main".split())
 #: measures that are one under other names (stemmed): how long something takes, how much memory it holds
 KIN: dict[str, str] = {**{w: "duration" for w in ("latency", "lag", "delay", "time", "duration")},
                        **{w: "usage" for w in ("usage", "footprint", "consumption")}}
@@ -124,6 +142,53 @@ def owner(prefix: str, speaker: AbstractSet[str], reach: int) -> frozenset[str]:
         if is_content(t):
             out.add(stem(t))
     return frozenset(out)
+
+
+def kind(prefix: str) -> str:
+    """The word before the measure noun that a number completes, naming which kind it is ("average
+    parsing time of 650ms": parsing; "API response time is 320ms": response), or "" (v12)."""
+    found = _KIND_RE.search(prefix)
+    word = found.group(1).lower() if found else ""
+    return stem(word) if word and word not in _FUNCTION and is_content(word) else ""
+
+
+def owner_head(prefix: str, speaker: AbstractSet[str], reach: int) -> str:
+    """The head of the owner (`owner`): the last noun of the speaker's possessive phrase (up to one
+    noun past `OWNER_WORDS`: "user's real-time object detection app"), read past
+    its opening adjectives ("user's new message edit feature": feature) and ending at a possessive
+    inside it ("user's Flask app's memory usage": the memory is the Flask app's), or "" (v12)."""
+    sentence = _SUBJECT_CLAUSE_RE.split(_SENTENCE_RE.split(prefix)[-1].replace("\u2019", "'"))[-1]
+    raw = [t.lower() for t in re.findall(r"[A-Za-z][\w'.\-]*", sentence)]
+    possessives = {w for w in speaker if w.endswith("'s")} | {"my", "our"}
+    at = max((i for i, t in enumerate(raw) if t in possessives), default=-1)
+    rest = raw[at + 1:] if at >= 0 else []
+    if at < 0 or sum(1 for t in rest if t.strip("'.") not in _FUNCTION and is_content(t.removesuffix("'s"))) > reach:
+        return ""
+    head, nouns = "", 0
+    for t in rest:
+        word = t.removesuffix("'s").strip("'.")
+        if word in _ADJECTIVES and not nouns:
+            continue                                   # "user's new message edit feature"
+        if word in _FUNCTION or not is_content(word) or nouns == OWNER_WORDS + 1:
+            break
+        head, nouns = word, nouns + 1
+        if t.endswith("'s"):
+            break                                      # "user's Flask app's memory": the app's
+    return stem(head)
+
+
+def heads_apart(a: str, b: str, a_words: frozenset[str], b_words: frozenset[str]) -> bool:
+    """Two owners' heads (`owner_head`) name two things: they differ, neither is the other's short
+    form ("app" / "application"), and neither statement names the other's anywhere (v12)."""
+    return bool(a) and bool(b) and not (a.startswith(b) or b.startswith(a)) and a not in b_words \
+        and b not in a_words
+
+
+def kinds_apart(a: frozenset[str], b: frozenset[str], a_kind: str, b_kind: str, a_words: frozenset[str],
+                b_words: frozenset[str]) -> bool:
+    """One measure (`a`, `b`: equal or `kin`) of two kinds (`kind`: "parsing time" / "API response
+    time"), neither statement naming the other's kind (v12)."""
+    return bool(a & b or kin(a, b)) and heads_apart(a_kind, b_kind, a_words, b_words)
 
 
 def names_before(prefix: str) -> frozenset[str]:

@@ -36,15 +36,24 @@ v11 (an audit of v10's closings):
   (`speaks_of_limits`: "rate limiting ... set it to 100 requests/minute" / "the new rate limit of 120");
 * a **delta** changes no delta: each says how much one change moved a value, so another amount is
   another change ("reduce passive voice by 25%" in an essay, "by 35%" in a conference paper).
+
+v12 (an audit of v11's wrong closings):
+
+* an amount **added** on top of a value is a delta (`added`: "the embedding step adds around 400ms",
+  "a 15ms overhead", "an extra $150"): v11 read it as a level a total replaced;
+* a **spread** ("±15ms", `spread`) bounds values around a mean: it is no mean;
+* a span of time a measurement covers is its **window**, a condition (`window`: "over a 7-day
+  monitoring period", "in the first 24 hours");
+* a goal said as an infinitive ("set a goal to complete a 5,000-word draft") is a goal.
 """
 from __future__ import annotations
 
 import re
 from typing import NamedTuple
 
-from memory.llm.rules.units import MEASURES
+from memory.llm.rules.units import MEASURES, SPANS
 
-__all__ = ["GOAL_WORDS", "Mode", "mode", "speaks_of_limits"]
+__all__ = ["GOAL_WORDS", "Mode", "added", "mode", "speaks_of_limits", "spread", "window"]
 
 #: words before a number (in its clause) that a goal word must fall within (a quantity's context window)
 GOAL_WORDS = 6
@@ -53,7 +62,8 @@ _APPROX = r"(?:(?:about|around|roughly|approximately|nearly|almost|just|only|~)\
 _PREPOSITION_RE = re.compile(r"(?:\b(?:under|below|above|within|(?:less|fewer)\s+than|no\s+more\s+than|"
                              rf"at\s+(?:most|least)|up\s+to)\s+{_APPROX}|\bsub-\s*|<\s*|[≤≥]\s*)$", re.IGNORECASE)
 _GOAL_RE = re.compile(r"(?<!managed\sto\s)(?<!able\sto\s)\b(?:targets|targeting|aim(?:s|ing)?|achieving|"
-                      r"(?:wants?|needs?|hop(?:e|es|ing))\s+to|ensur(?:e|es|ing)|maintain(?:s|ing)?|keep(?:s|ing)?)\b"
+                      r"(?:wants?|needs?|hop(?:e|es|ing))\s+to|goals?\s+(?:is\s+|was\s+)?to|"
+                      r"ensur(?:e|es|ing)|maintain(?:s|ing)?|keep(?:s|ing)?)\b"
                       r"|(?<!managed\s)(?<!able\s)\bto\s+(?:reach|achieve|hit)\b", re.IGNORECASE)
 #: a goal noun that the number completes ("a budget of $500", "the target is 85%"; not "budget tracker")
 _GOAL_NOUN_RE = re.compile(r"\b(?:targets?|goals?|budget|sla):?(?:\s+(?:is|was|of|at|to|now|set|around|about|"
@@ -66,6 +76,14 @@ _RAISED_RE = re.compile(r"\b(?:br(?:ing|ings|ought)|g(?:o|oes|one|ot|et|ets)|wen
                         r"climb(?:s|ed)?|bump(?:s|ed)?|push(?:es|ed)?|mov(?:e|es|ed)|rais(?:e|es|ed)|"
                         r"increas(?:e|es|ed))\b(?:\s+\S+){0,5}\s+up\s+to\s+$", re.IGNORECASE)
 _DELTA_RE = re.compile(rf"\bby\s+{_APPROX}$", re.IGNORECASE)
+#: an amount added on top of a value (v12): "adds around 400ms", "an extra $150", "a 15ms overhead"
+_ADDED_BEFORE_RE = re.compile(rf"(?<![\w-])(?:add(?:s|ed|ing)?|an?\s+(?:extra|additional))\s+{_APPROX}$", re.IGNORECASE)
+_ADDED_AFTER_RE = re.compile(r"^\s*(?:(?:of\s+)?(?:extra|overhead)\b|more\s+than\b(?!\s+\d))", re.IGNORECASE)
+#: the words before a span of time that make it a measurement's window (v12)
+_WINDOW_RE = re.compile(r"(?<![\w-])(?:(?:over|during|throughout)\s+(?:(?:the|a|an)\s+)?(?:(?:first|last|past|next|"
+                        r"whole|entire)\s+)?|(?:in|for)\s+the\s+(?:first|last|past|next)\s+)$", re.IGNORECASE)
+#: a spread around a value, no value (v12): "a variance of ±50ms", "+/- 15ms"
+_SPREAD_RE = re.compile(r"(?:±|\+/-|\+-)\s*$")
 #: a currency sign or a tilde right before the number ("under $300", "by ~12MB")
 _SIGN_RE = re.compile(r"[$€£~]\s*$")
 _CLAUSE_RE = re.compile(r"[.;:!?]\s|,(?!\d)")
@@ -102,7 +120,7 @@ def mode(prefix: str, rest: str, unit: str) -> Mode:
     words = prefix.split()
     last = words[-1].lower() if words else ""
     condition = last == "across" or (last == "under" and unit.isalpha() and unit not in MEASURES) or bool(
-        _LOAD_RE.match(unit))
+        _LOAD_RE.match(unit)) or window(prefix, unit)
     before = prefix.rstrip() + " "
     clause = _CLAUSE_RE.split(prefix)[-1]
     preposition = _PREPOSITION_RE.search(before) and not _RAISED_RE.search(clause.rstrip() + " ")
@@ -110,7 +128,25 @@ def mode(prefix: str, rest: str, unit: str) -> Mode:
                                    or _GOAL_AFTER_RE.match(rest)
                                    or _GOAL_RE.search(" ".join(clause.split()[-GOAL_WORDS:])))
     limit = bool(_LIMIT_BEFORE_RE.search(prefix) or _LIMIT_AFTER_RE.match(rest))
-    return Mode(condition=condition, bound=bound, delta=bool(_DELTA_RE.search(before)), limit=limit)
+    delta = bool(_DELTA_RE.search(before)) or added(prefix, rest)
+    return Mode(condition=condition, bound=bound or spread(prefix), delta=delta, limit=limit)
+
+
+def window(prefix: str, unit: str) -> bool:
+    """The span of time is the window a measurement covers, a condition of it (v12): "99.9% uptime
+    over a 7-day monitoring period", "during a 1-hour run", "in the first 24 hours"."""
+    return unit in SPANS and bool(_WINDOW_RE.search(prefix))
+
+
+def added(prefix: str, rest: str) -> bool:
+    """The number is an amount added on top of another value (a delta, v12): "the embedding step adds
+    around 400ms", "an extra $150", "the 15ms overhead it adds", "20% more than"."""
+    return bool(_ADDED_BEFORE_RE.search(prefix.rstrip() + " ") or _ADDED_AFTER_RE.match(rest))
+
+
+def spread(prefix: str) -> bool:
+    """The number is a spread around a value ("±50ms"): a bound on it, never the value (v12)."""
+    return bool(_SPREAD_RE.search(prefix))
 
 
 def speaks_of_limits(text: str) -> bool:

@@ -16,14 +16,17 @@ as a new name. Now:
 * a cue is a word of its own, in lower case or opening a sentence: "Flask-JWT-Extended" is a name;
 * months, weekdays and AM/PM are no names (dates and times are quantities);
 * a name the newer statement says it left ("switched from Flask to FastAPI", "instead of Flask",
-  "no longer uses Flask") counts as dropped, though the newer statement names it.
+  "no longer uses Flask") counts as dropped, though the newer statement names it;
+* v12: a "now" that opens a next step ("now user needs to handle 401 Unauthorized errors", `next_step`)
+  is no replacement cue, and a name the older statement denies in its clause ("has never deployed
+  it or used Gunicorn", `denied_names`) is no value it held, so none replaces it.
 """
 from __future__ import annotations
 
 import re
 from typing import Any
 
-__all__ = ["NAMED_SIM", "NAME_WORDS", "named_change", "names", "subject_names"]
+__all__ = ["NAMED_SIM", "NAME_WORDS", "denied_names", "named_change", "names", "next_step", "subject_names"]
 
 #: text cosine two statements need for a named value of one to replace the other's
 NAMED_SIM = 0.6
@@ -39,6 +42,13 @@ _SWITCH_RE = re.compile(r"(?<![\w-])(?:now|no\s+longer|instead|switch(?:es|ed|in
 _LEFT_RE = re.compile(r"(?<![\w-])(?:(?:switch(?:es|ed|ing)?|mov(?:ed|ing)|migrat(?:e|es|ed|ing)|chang(?:ed|ing))"
                       r"(?:\s+\S+){0,3}?\s+from|instead\s+of|no\s+longer\s+\S+(?:\s+\S+)?|"
                       r"replac(?:e|es|ed|ing))\s+((?:\S+\s+){0,2}?[A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
+#: "now" opening a next step, not a state ("now user needs to handle 401 errors", "now I have to"; v12)
+_NEXT_STEP_RE = re.compile(r"^\s*(?:(?:I|we|user|he|she|they)\s+)?(?:also\s+)?(?:needs?|ha(?:s|ve)\s+to|must|wants?|"
+                           r"plans?|would\s+like|should|can|could|will|am\s+going|is\s+going)\b", re.IGNORECASE)
+#: a denial in a clause: the names after it are not held ("never deployed it or used Gunicorn"; v12)
+_DENIAL_RE = re.compile(r"(?<![\w-])(?:never|not|n't|without)(?![\w-])|n't(?![\w-])", re.IGNORECASE)
+_CLAUSE_RE = re.compile(r"[.;:!?](?:\s|$)|,\s*(?=(?:and|but|so|because|since|which|while|although|though|as|"
+                        r"where|user|I|we)\b)|\s[-\u2013\u2014]\s")
 #: capitalized words that are dates or times, not names
 _NOT_NAMES = frozenset("""January February March April May June July August September October November December
 Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Monday Tuesday Wednesday Thursday Friday Saturday Sunday
@@ -59,9 +69,28 @@ def names(text: str) -> set[str]:
 
 
 def _cues(text: str) -> list[re.Match[str]]:
-    """The replacement cues of `text`: in lower case, or opening a sentence ("Now I use Kong")."""
+    """The replacement cues of `text`: in lower case, or opening a sentence ("Now I use Kong"), not a
+    "now" that opens a next step (`next_step`)."""
     return [m for m in _SWITCH_RE.finditer(text)
-            if m.group(0).islower() or not text[:m.start()].strip() or text[:m.start()].rstrip()[-1] in ".!?"]
+            if (m.group(0).islower() or not text[:m.start()].strip() or text[:m.start()].rstrip()[-1] in ".!?")
+            and not (m.group(0).lower() == "now" and next_step(text[m.end():]))]
+
+
+def next_step(rest: str) -> bool:
+    """The words after a "now" (`rest`) say what is to be done next, not what holds now: "now user
+    needs to handle 401 errors", "now I have to migrate" (v12: a task, no value replaced)."""
+    return bool(_NEXT_STEP_RE.match(rest))
+
+
+def denied_names(text: str) -> set[str]:
+    """Names that `text` says are not held: after a denial in their clause ("has never deployed
+    this app or used Gunicorn", "without Redis"; v12). Such a name is no value a newer statement replaces."""
+    out: set[str] = set()
+    for clause in _CLAUSE_RE.split(text):
+        denial = _DENIAL_RE.search(clause)
+        if denial:
+            out |= names(" " + clause[denial.end():])
+    return out
 
 
 def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float) -> bool:
@@ -76,7 +105,7 @@ def named_change(newer: dict[str, Any], older: dict[str, Any], similarity: float
         return False
     subject = subject_names(str(newer.get("subject") or ""))
     cap_new = {c for c in names(text_new) if c.lower() not in subject}
-    cap_old = {c for c in names(text_old) if c.lower() not in subject}
+    cap_old = {c for c in names(text_old) if c.lower() not in subject} - denied_names(text_old)
     left = {c for m in _LEFT_RE.finditer(text_new) for c in names(" " + m.group(1))}
     if not cap_old - (cap_new - left):
         return False

@@ -2,53 +2,41 @@
 one of the same subject, contradict it, or neither? Deterministic heuristics, documented here:
 
 * **quantities** — every number in a fragment (``150 commits``, ``65%``, ``250ms``, ``1,200 calls
-  per day``) is read with its unit (``%``, ``ms``, the next word; the next number's in ``from 20
-  to 12 minutes``) and its context: the content
-  words within `WINDOW` words around it. Two quantities are *the same quantity* when their units
-  agree and their contexts share at least `MIN_SHARED` words (``commits merged main branch``). A
-  newer fragment **updates** an older one when they hold the same quantity with different values
-  and neither value is also said in the other fragment (``has now reached 165`` after
-  ``150 commits``); a unitless number matches a unit its context names. A rate's period (``1,700
-  words/day``, ``hours per week``, ``my weekly word count``) belongs to its unit: rates of two
-  periods are never the same quantity. A date both fragments
-  state counts as one shared context word: the same period, another count (``secured 3 interviews
-  between April 25 and May 1`` / ``secured 5 interviews`` between the same dates). Dates (``April 5, 2024``)
-  and clock times (``4:30 PM``) are quantities of their own kind, compared only with their kind
-  (their month names left out of the context). Numbers of different things are common, so a
-  unitless number, a date or a time only updates when the newer statement says it changed: a change
-  cue among the `CUE_WORDS` words before it (``has increased to 7``), or a change verb whose object
-  runs up to a ``to`` right before the value, however long (`memory.llm.rules.cues`). A date or a
-  time moves only on a reschedule cue (v10: ``rescheduled to March 22 at 4:30 PM``, ``the new April
-  25 deadline``, ``extended through July 19``, ``adjust the deadline for my prototype to April 5``;
-  not ``reached 4,700 words by May 13`` or ``switched to Scrivener on May 5``), the cue reaching the
-  first value after it, and a date of a past event (``used the Hemingway Editor on July 15``) is
-  history, replaced by none. A number with
-  a unit (``52 sources``) needs none, but an uncued one changes only between statements at a text
-  cosine of at least `QUANTITY_SIM` (v9: two timeouts, two latencies of different things), and a
-  span of time's unit word (``seconds``, ``days``) is then no shared context word (v9: ``heartbeat
-  timeout of 60 seconds`` / ``connection timeout to 10 seconds`` shared only {timeout, second}).
-  What a number states (`memory.llm.rules.modality`, v9): a target or bound (``under 300ms``,
-  ``aiming for 85%``) only changes a target or bound, a delta (``by 12MB``) only a delta, a measured
-  or set value only one of those. A number right after ``across``, or after ``under`` of a counted
-  thing, is a measurement's *condition*: when both fragments state one of the same quantity with different
-  values, the measurements they condition are two facts, not an update, changed or not (``120ms
-  under 20 concurrent requests`` / ``dropped to 210ms under 300 concurrent requests``; ``120ms``
-  under both loads alike); a condition alone that changes is an update.
-  Years (``1990-2020 Montserrat cinema``), version numbers (``v1.0.0``, ``2.3.1``, ``Python 3.11``),
-  ratios (``8/10``, ``2:1``) and, v10, identifiers (``502 Bad Gateway``, ``port 5000``, ``PostgreSQL
-  14``: `memory.llm.rules.nonvalues`) are not quantities; a number in the clause of a help request or
-  a worked example (``can you help me calculate the area of a triangle with a base of 10 inches``) is
-  an exercise's, compared with none. Units are read through one table of spellings
-  (`memory.llm.rules.units`: ``300 milliseconds`` is ``300ms``).
-  v11 (an audit of v10's closings: most wrong ones were two numbers of one unit about different
-  things) vetoes a change between numbers that are about two things (`_apart`): what each is
-  attached to, its owner (``user's modal popup`` / ``user's portfolio site``) or the names before
-  it differ and neither statement names the other's (`memory.llm.rules.measured`); two deltas
-  (two changes); a limit and a measured value (``memory limit set to 512MB`` / ``using 400MB``);
-  two ends of changes told whole (``from 78% to 88%`` / ``from 70% to 90%``) at a context under
-  twice `MIN_SHARED`, unless one's end is the other's start (``from 65 to 72`` / ``from 72 to 78``).
-  A load (``with 50 concurrent users``) is a condition, and a bare load (``wants to simulate 500
-  concurrent users``) replaces only another bare load, no measurement's.
+  per day``) is read with its unit (``%``, ``ms``, the next word; the next number's in ``from 20 to
+  12 minutes``; units through `memory.llm.rules.units`) and its context: the content words within
+  `WINDOW` words around it. Two quantities are *the same quantity* when their units agree (a
+  unitless number matches a unit its context names) and their contexts share at least `MIN_SHARED`
+  words; a newer fragment **updates** an older one when they hold the same quantity with different
+  values and neither value is also said in the other (``has now reached 165`` after ``150
+  commits``). A rate's period belongs to its unit (``1,700 words/day`` is no weekly count); a date
+  both state counts as one shared word (the same period). Dates and clock times are their own kinds.
+  A unitless number, a date or a time updates only under a change cue (`memory.llm.rules.cues`:
+  ``has increased to 7``, a change verb's ``to``), a date or a time only under a reschedule cue
+  reaching it (v10: ``rescheduled to March 22``, ``the new April 25 deadline``), and a past event's
+  date (``used the Hemingway Editor on July 15``) is history. A number with a unit needs no cue, but
+  an uncued one changes only at a text cosine of at least `QUANTITY_SIM`, and a span's unit word
+  (``seconds``) is then no shared word (v9). What a number states (`memory.llm.rules.modality`, v9):
+  a target or bound (``under 300ms``, ``aiming for 85%``), a delta (``by 12MB``) and a measured or
+  set value change only their own kind; a number after ``across``, or ``under`` of a counted thing,
+  is a measurement's *condition*: measurements under two conditions are two facts (``120ms under 20
+  concurrent requests`` / ``210ms under 300 concurrent requests``). Years, versions (``v1.0.0``,
+  ``Python 3.11``), ratios (``2:1``), identifiers (v10: ``502 Bad Gateway``, ``port 5000``:
+  `memory.llm.rules.nonvalues`) are no quantities, and a number of a help request or a worked example
+  is an exercise's. v11 vetoes a change between numbers about two things (`_apart`): what each is
+  attached to, its owner (``user's modal popup`` / ``user's portfolio site``) or the names before it
+  differ and neither statement names the other's (`memory.llm.rules.measured`); two deltas; a limit
+  and a measured value (``memory limit set to 512MB`` / ``using 400MB``); two changes told whole
+  (``from 78% to 88%`` / ``from 70% to 90%``) at a context under twice `MIN_SHARED`, unless one starts
+  where the other ended; a load (``with 50 concurrent users``) is a condition, and a bare load replaces
+  only a bare load. v12 (an audit of v11's wrong closings) reads more of what a number is: owners
+  whose head nouns differ (``user's Twitter API integration`` / ``user's Twitter API query``; a
+  possessive inside ends the owner: ``user's Flask app's memory``) and one measure of two kinds
+  (``parsing time`` / ``API response time``) are two things (`measured.owner_head`, `measured.kind`);
+  an amount added (``adds 400ms``, ``a 15ms overhead``, ``an extra $150``) is a delta, a spread
+  (``±15ms``) a bound, a span a measurement covers (``over a 7-day period``) a condition, a goal
+  infinitive (``set a goal to finish``) a goal (`modality`); a value said as former (``initially
+  800ms``, the ``85%`` of ``from 85% to 93%``: `cues.former`) replaces none and is replaced by none;
+  a count reads past its adjective (``3 new subplots``), a hyphenated unit names what it measures.
 * **restatements** — a newer fragment whose changed values are exactly those the older one
   replaced (the history: the fragments the older one closed, the turns it names in
   ``replaces_sources``) restates the old state and does not replace the current value (``100
@@ -61,7 +49,9 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
   value the older one does not name, while the older names one the newer drops (or says it left:
   ``switched from Flask to FastAPI``), **updates** it (``now uses PostgreSQL`` after ``uses
   SQLite``): `memory.llm.rules.named`. A name inside quotes is a quotation, not a value (``now getting
-  a "Rate limit exceeded" error``), and a month or a weekday is no name.
+  a "Rate limit exceeded" error``), and a month or a weekday is no name. v12: a "now" opening a next
+  step (``now I need to handle 401 errors``) is no cue, and a name the older statement denies
+  (``never used Gunicorn``) no value it held.
 * **contradictions** — a newer fragment that denies for all time (``never``, ``haven't ever``,
   ``not yet``) what an older one states, sharing at least `MIN_SHARED` of the words after the
   denial (``never submitted my cover letter`` / ``submitted my cover letter``), is a
@@ -72,8 +62,8 @@ one of the same subject, contradict it, or neither? Deterministic heuristics, do
 
 Only statements are compared (`is_statement`: no code, headings or list labels), and never two
 fragments of one message. Everything else is neither. The rule reads only the two fragments'
-texts (and their cosine, given by
-the caller): no world knowledge, so paraphrased changes without a number or a name are missed.
+texts (and their cosine, given by the caller): no world knowledge, so paraphrased changes without a
+number or a name are missed.
 """
 from __future__ import annotations
 
@@ -82,24 +72,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
-from memory.llm.rules.cues import CUE_WORDS, cue, past_event, reverts, whole_change
-from memory.llm.rules.measured import apart, kin, measure, names_before, owner, words
+from memory.llm.rules.cues import CUE_WORDS, cue, former, past_event, reverts, whole_change
+from memory.llm.rules.measured import (apart, heads_apart, kin, kind, kinds_apart, measure, names_before, owner,
+                                       owner_head, words)
 from memory.llm.rules.modality import mode, speaks_of_limits
 from memory.llm.rules.named import named_change, subject_names
 from memory.llm.rules.negation import negation, says_never
 from memory.llm.rules.nonvalues import identifier, in_request
-from memory.llm.rules.units import MEASURES, SPANS, unit_of
+from memory.llm.rules.units import MEASURES, SPANS, counted, hyphened, unit_of
 from memory.text import content_tokens, is_content, looks_like_code
 
 __all__ = ["SUPERSEDE_VERSION", "Quantity", "quantities", "decide", "changed", "restates", "contradiction",
            "is_statement", "says_never", "WINDOW", "CUE_WORDS", "MIN_SHARED", "QUANTITY_SIM"]
 
-# v7: code lines, no assistant fragment; v8: a quoted name is no value; v9: quantity identity, targets
-# and deltas apart, the named-value rule tightened (an audit of v8's decisions: 21% right); v10: dates
-# move only on reschedule cues, past events' dates are history, identifiers and exercise numbers are no
-# quantities, one table of unit spellings
-# v11: what a number is about (its measure, owner, names: `measured`), whole changes, limits, loads, deltas
-SUPERSEDE_VERSION = "rules-supersede-v11"
+# v7: code lines; v8: quoted names; v9: quantity identity, targets, deltas; v10: reschedule cues,
+# identifiers, exercises, units; v11: what a number is about (`measured`); v12: see the module doc
+SUPERSEDE_VERSION = "rules-supersede-v12"
 #: content words on each side of a number that make up its context
 WINDOW = 6
 #: context words two quantities (or a negation and a statement) must share to be about the same thing
@@ -144,8 +132,7 @@ def _stem(word: str) -> str:
 
 @dataclass(frozen=True)
 class Quantity:
-    """A number with its unit (``date`` and ``time`` for those kinds), the (stemmed) content words
-    around it, and whether a change cue comes right before it."""
+    """A number with its unit (``date``, ``time`` for those kinds), its context and what it states."""
 
     value: float
     unit: str
@@ -153,11 +140,10 @@ class Quantity:
     cued: bool = False
     #: the period of a rate ("1,700 words/day", "a weekly word count of 1,200": day, week), or ""
     per: str = ""
-    #: the number is a measurement's condition ("under 20 concurrent requests": `modality`)
+    #: a measurement's condition ("under 20 concurrent requests"), a target or bound ("under 300ms"),
+    #: a change by an amount ("by 12MB"): `modality`
     condition: bool = False
-    #: the number is a target or a bound ("under 300ms", "aiming for 85%": `modality`)
     bound: bool = False
-    #: the number is a change by an amount ("reduced it by 12MB": `modality`)
     delta: bool = False
     #: the statement says right at the number that it is a new value ("is now 100", "lowered it to 100")
     stated: bool = False
@@ -173,6 +159,11 @@ class Quantity:
     measure: frozenset[str] = frozenset()
     owner: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()
+    #: the head noun of its owner, the word naming its measure's kind ("parsing time"; `measured`, v12)
+    head: str = ""
+    kind: str = ""
+    #: a value that held before ("initially 800ms", the "85%" of "from 85% to 93%": `cues.former`, v12)
+    former: bool = False
 
     @property
     def needs_cue(self) -> bool:
@@ -212,7 +203,9 @@ def _quantity(text: str, start: int, end: int, value: float, unit: str, exclude:
                     past=dated and past_event(prefix, text[end:]), example=in_request(prefix), limit=how.limit,
                     whole=not dated and whole_change(prefix, text[start:]),
                     measure=frozenset() if dated else measure(prefix, text[end:]),
-                    owner=owner(prefix, exclude, WINDOW), names=names_before(prefix))
+                    owner=owner(prefix, exclude, WINDOW), names=names_before(prefix),
+                    head=owner_head(prefix, exclude, WINDOW), kind="" if dated else kind(prefix),
+                    former=not dated and former(prefix, text[start:]))
 
 
 @lru_cache(maxsize=65536)
@@ -238,7 +231,9 @@ def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
             continue
         if "." in raw and re.search(r"[A-Z][\w\-]*\s*$", clean[:m.start()]):
             continue                                   # "Python 3.11": a version, not a quantity
-        unit_word = (m.group(2) or "").lower()
+        unit_word = counted((m.group(2) or "").lower(), clean[m.end():])
+        hyphen = None if m.group(2) else hyphened(clean, m.end(1))     # v12: "a 5,000-word draft"
+        unit_word = hyphen.group(1).lower() if hyphen else unit_word
         ranged = _RANGE_RE.match(clean, m.end(1)) if not unit_word or unit_word in _NUMBER_WORDS else None
         if ranged:                                     # "from 20 to 12 minutes": both in minutes
             unit_word = ranged.group(1).lower()
@@ -254,7 +249,8 @@ def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
             unit = "$"
         if unit != "$" and identifier(clean[:m.start()], raw, clean[m.end(1):], unit in MEASURES):
             continue                                   # "port 5000", "502 Bad Gateway", "PostgreSQL 14": names
-        out.append(_quantity(clean, m.start(), m.end(), value, unit, set(exclude), unit_word))
+        end = hyphen.end() if hyphen else m.end()
+        out.append(_quantity(clean, m.start(), end, value, unit, set(exclude), unit_word))
     return tuple(out)
 
 
@@ -272,12 +268,13 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
     new_q, old_q = quantities(_text(newer), exclude), quantities(_text(older), exclude)
     if not new_q or not old_q:
         return []
-    new_values, old_values = {(_kind(q), q.value) for q in new_q}, {(_kind(q), q.value) for q in old_q}
+    new_values = {(_kind(q), q.value) for q in new_q if not q.former}     # v12: "up from 1,500" replaces it
+    old_values = {(_kind(q), q.value) for q in old_q}
     same_period = any(kind == "date" and (kind, v) in old_values for kind, v in new_values)
     texts = (_text(newer), _text(older))
     said = (words(texts[0]), words(texts[1]))
     limits = (speaks_of_limits(texts[0]), speaks_of_limits(texts[1]))
-    chained = any(not kind and (kind, v) in old_values for kind, v in new_values)   # "65 to 72" / "72 to 78"
+    chained = any(not _kind(q) and ("", q.value) in old_values for q in new_q)   # "65 to 72" / "72 to 78"
     out: list[Quantity] = []
     conditions: list[Quantity] = []
     for nq in new_q:
@@ -287,6 +284,8 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
                 continue
             if _apart(nq, oq, said, limits, chained):
                 continue                               # v11: numbers of two different things
+            if nq.former or oq.former:
+                continue                               # v12: a value that held before replaces none
             if (_kind(nq), nq.value) in old_values or (_kind(oq), oq.value) in new_values:
                 continue
             if nq.needs_cue and not nq.cued:
@@ -343,7 +342,8 @@ def _apart(a: Quantity, b: Quantity, said: tuple[frozenset[str], frozenset[str]]
         return True
     if apart(a.measure, b.measure, said[0], said[1]) and not kin(a.measure, b.measure):
         return True
-    return apart(a.owner, b.owner, said[0], said[1]) or apart(a.names, b.names, said[0], said[1])
+    return apart(a.owner, b.owner, said[0], said[1]) or apart(a.names, b.names, said[0], said[1]) \
+        or heads_apart(a.head, b.head, *said) or kinds_apart(a.measure, b.measure, a.kind, b.kind, *said)
 
 
 def _modes_differ(a: Quantity, b: Quantity) -> bool:

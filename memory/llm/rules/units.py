@@ -12,10 +12,17 @@ under three letters. Two choices were measured on the BEAM development stores (r
 * two-letter units of length, weight and volume (``cm``, ``kg``, ``ml``) stay unitless numbers:
   as units they need no change cue, and triangle side lengths of two geometry exercises (``sides 7
   cm, 24 cm, 25 cm``) then replaced each other.
+
+v12 reads two more spellings of a count's unit: past an adjective to the counted noun (``3 new
+subplots`` counts subplots; v11 read a unitless 3, matched by any unit its context named: ``7 beta
+readers``), and joined to the number by a hyphen (``a 5,000-word draft``, ``a 7-day period``: words,
+days; the noun after them is what they measure).
 """
 from __future__ import annotations
 
-__all__ = ["UNITS", "SPANS", "MEASURES", "unit_of"]
+import re
+
+__all__ = ["UNITS", "SPANS", "MEASURES", "counted", "hyphened", "unit_of"]
 
 #: the canonical units of a span of time, whose words are context words when written out (``60 seconds``)
 SPANS = frozenset({"second", "minute", "hour", "day", "week", "month", "year"})
@@ -44,3 +51,21 @@ MEASURES = frozenset(UNITS.values())
 def unit_of(word: str) -> str:
     """The canonical unit of a unit's spelling (``milliseconds`` -> ``ms``), or "" when it is none."""
     return UNITS.get(word.lower(), "")
+
+
+#: adjectives between a count and what it counts ("3 new subplots", "2 more workers"; v12)
+COUNT_ADJECTIVES = frozenset("new more additional extra other".split())
+_NEXT_RE = re.compile(r"\s+([A-Za-z][A-Za-z\-]*)")
+_HYPHEN_RE = re.compile(r"-([A-Za-z]+)\b")
+
+
+def counted(word: str, rest: str) -> str:
+    """The unit word of a count (`word`, the word after the number; `rest`, the text after it): past
+    an adjective to the counted noun ("3 new subplots": subplots; v12)."""
+    after = _NEXT_RE.match(rest) if word in COUNT_ADJECTIVES else None
+    return after.group(1).lower() if after else word
+
+
+def hyphened(text: str, at: int) -> re.Match[str] | None:
+    """A unit joined by a hyphen to the number ending at `at` ("5,000-word", "7-day"; v12)."""
+    return _HYPHEN_RE.match(text, at)
