@@ -18,10 +18,9 @@ from lancedb.expr import col, lit
 from memory.forget_plan import Plan
 from memory.ingest.append import APPEND_ARCHIVE
 from memory.ingest.common import STAGE as INGEST, parse_time
-from memory.stages.load import work_named
 from memory.store import Store
 
-#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`: `work_named`)
+#: LLM tasks whose quarantine rows name a session (`source` = session id, or `session/subject`)
 SESSION_TASKS = ("extract", "topics")
 COLUMNS = ["id", "stage", "source", "raw"]
 
@@ -39,14 +38,13 @@ def quarantine_ids(store: Store, p: Plan, dels: dict[str, set[str]]) -> set[str]
     gone_msgs = set(p.message_ids) | set(p.named_messages)
     gone_sessions = set(p.gone_sessions) | set(p.named_sessions)
     redone = {s["session_id"] for s in p.rerun} | gone_sessions
-    known = redone | set(store.read("sessions", user, columns=["session_id"]).column("session_id").to_pylist()
-                         if store.has_table("sessions") else [])
     out = set()
     for r in rows:
         stage, source = r["stage"] or "", r["source"] or ""
         if stage in SESSION_TASKS:
-            named = work_named(stage, source, known)
-            hit = named is not None and named[1] in redone
+            # a topics row names `session/subject` and either may hold a "/": any redone session opening
+            # it counts (a row of a session not redone may go too; its work stays pending in `progress`)
+            hit = source in redone if stage == "extract" else any(source.startswith(s + "/") for s in redone)
         elif stage == "reason":
             hit = source in dels.get("links", set())
         elif stage in ("summarize", "profile", "topic-merge"):

@@ -157,7 +157,7 @@ _BUILDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnemo-bm25")
 #: stop list lacks ("How did I ...", "What does my ...") and the verbs of saying ("did I mention",
 #: "you told me", "what did you recommend"). The strategies' BM25 leaves them out of the query (the
 #: dense channel reads the whole question; stored terms keep them). BEAM 100K R@10 0.657 -> 0.666
-#: (information extraction 0.750 -> 0.825), 500K unchanged, LoCoMo 0.687 -> 0.691. English only.
+#: (information extraction 0.750 -> 0.825), 500K unchanged, LoCoMo 0.687 -> 0.692. English only.
 QUESTION_WORDS = frozenset(
     "did didn does doesn doing having say says said mention mentions mentioned tell tells told recommend "
     "recommends recommended suggest suggests suggested advise advises advised ask asks asked share shares "

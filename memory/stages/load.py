@@ -231,11 +231,12 @@ def work_named(stage: str | None, source: str | None, sessions: Collection[str])
     if work == "extract":
         return work, source, ""
     if work == "topics":
-        sid = max((s for s in sessions if source.startswith(s + "/")), key=len, default=None)
-        if sid is None:
-            sid, _, subject = source.rpartition("/")
-            return work, sid, subject
-        return work, sid, source[len(sid) + 1:]
+        cut = len(source)
+        while (cut := source.rfind("/", 0, cut)) > 0:     # the longest known session first
+            if source[:cut] in sessions:
+                return work, source[:cut], source[cut + 1:]
+        sid, _, subject = source.rpartition("/")
+        return work, sid, subject
     if work == "summarize":
         return work, "", ""
     return None

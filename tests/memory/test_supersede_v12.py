@@ -101,6 +101,7 @@ def test_a_goal_said_as_an_infinitive_is_a_bound() -> None:
 def test_now_opening_a_next_step_replaces_nothing() -> None:
     """"now I need to handle Stripe webhooks" says what comes next, not what replaced PayPal."""
     assert next_step(" I need to handle") and next_step(" user has to migrate") and not next_step(" uses Kong")
+    assert not next_step(" I can use FastAPI") and not next_step(" I have to use Kubernetes")   # a state
     old = _f("I am building the checkout of my shop with PayPal buttons and a JSON order summary for buyers", "m1")
     new = _f("I am building the checkout of my shop, and now I need to handle Stripe webhooks for buyers", "m2")
     assert not named_change(new, old, 0.9)
@@ -112,6 +113,13 @@ def test_a_denied_name_is_no_value() -> None:
     """A name the older statement says was never used ("never tried Nginx") is no value a newer
     "switched to Caddy" replaces."""
     assert denied_names("I have never deployed the blog or tried Nginx for it, so I ask") == {"Nginx"}
+    assert denied_names("I built the queue without Redis") == {"Redis"}
+    # a denial of something else: the name is held
+    assert not denied_names("I couldn't be happier hosting my portfolio on Vercel with a custom domain")
+    assert not denied_names("I haven't had any outages since I moved the shop app to PostgreSQL")
+    assert not denied_names("I do not regret choosing PostgreSQL for the shop app database")
+    held = _f("I do not regret choosing PostgreSQL for the shop app database", "m5")
+    assert named_change(_f("I do not regret it: I now use MySQL for the shop app database", "m6"), held, 0.9)
     old = _f("I am hardening the login of my blog, and I have never deployed it or tried Nginx in production", "m1")
     new = _f("I am hardening the login of my blog, since I am switching to Argon hashing for the passwords", "m2")
     assert not named_change(new, old, 0.9)

@@ -43,10 +43,19 @@ _LEFT_RE = re.compile(r"(?<![\w-])(?:(?:switch(?:es|ed|ing)?|mov(?:ed|ing)|migra
                       r"(?:\s+\S+){0,3}?\s+from|instead\s+of|no\s+longer\s+\S+(?:\s+\S+)?|"
                       r"replac(?:e|es|ed|ing))\s+((?:\S+\s+){0,2}?[A-Z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#])")
 #: "now" opening a next step, not a state ("now user needs to handle 401 errors", "now I have to"; v12)
+#: (not "now I can use FastAPI" nor "now I have to use Kubernetes": a state)
 _NEXT_STEP_RE = re.compile(r"^\s*(?:(?:I|we|user|he|she|they)\s+)?(?:also\s+)?(?:needs?|ha(?:s|ve)\s+to|must|wants?|"
-                           r"plans?|would\s+like|should|can|could|will|am\s+going|is\s+going)\b", re.IGNORECASE)
-#: a denial in a clause: the names after it are not held ("never deployed it or used Gunicorn"; v12)
-_DENIAL_RE = re.compile(r"(?<![\w-])(?:never|not|n't|without)(?![\w-])|n't(?![\w-])", re.IGNORECASE)
+                           r"plans?|would\s+like|am\s+going|is\s+going)\b(?!(?:\s+to)?\s+(?:use|run|host|be)\b)",
+                           re.IGNORECASE)
+#: a denial of using or having what follows ("never deployed it or used Gunicorn", "haven't tried Redis",
+#: "without Redis"; v12), not one of something else ("couldn't be happier hosting it on Vercel", "do not
+#: regret choosing PostgreSQL"): a verb of use within two words, or a name right after it
+_DENIAL_RE = re.compile(r"(?:(?<![\w-])(?i:never|not|without)|(?i:n't))(?![\w-])(?=\s+(?:(?:\S+\s+){0,2}?(?i:use[ds]?|"
+                        r"using|tried|try|deploy(?:ed|s)?|install(?:ed|s)?|ha(?:s|ve|d)|run|ran|set\s+up|worked\s+with|"
+                        r"heard\s+of)(?![\w-])|[A-Z]))")
+#: where a denial's reach ends inside its clause ("haven't had outages since I moved to PostgreSQL")
+_SCOPE_END_RE = re.compile(r"(?<![\w-])(?:since|because|when|after|than|so|but|although|though|while|which|that)"
+                           r"(?![\w-])", re.IGNORECASE)
 _CLAUSE_RE = re.compile(r"[.;:!?](?:\s|$)|,\s*(?=(?:and|but|so|because|since|which|while|although|though|as|"
                         r"where|user|I|we)\b)|\s[-\u2013\u2014]\s")
 #: capitalized words that are dates or times, not names
@@ -87,9 +96,10 @@ def denied_names(text: str) -> set[str]:
     this app or used Gunicorn", "without Redis"; v12). Such a name is no value a newer statement replaces."""
     out: set[str] = set()
     for clause in _CLAUSE_RE.split(text):
-        denial = _DENIAL_RE.search(clause)
-        if denial:
-            out |= names(" " + clause[denial.end():])
+        for denial in _DENIAL_RE.finditer(clause):
+            rest = clause[denial.end():]
+            end = _SCOPE_END_RE.search(rest)
+            out |= names(" " + (rest[:end.start()] if end else rest))
     return out
 
 
