@@ -138,10 +138,15 @@ def former(prefix: str, number: str) -> bool:
     "up from the 1,500 words")
     or the start of a change told whole ("from 85% to 93%": 85% held before). The statement tells
     it as history: no later value replaces it, and it replaces none (v12)."""
-    return bool(_FORMER_RE.search(prefix)) or bool(_FROM_START_RE.search(prefix) and _FROM_REST_RE.match(number))
+    return bool(_FORMER_RE.search(prefix)) or _starts_change(prefix, number)
+
+
+def _starts_change(prefix: str, number: str) -> bool:
+    """The number that opens `number` starts a change told whole ("from 78% to 88%": the 78%)."""
+    return bool(_FROM_START_RE.search(prefix) and _FROM_REST_RE.match(number))
 
 
 def whole_change(prefix: str, number: str) -> bool:
     """The number that opens `number` (the text from it on), after `prefix`, is one end of a change
     told whole in one statement: "from 78% to 88%", "from 20 to 12 minutes" (v11)."""
-    return bool(_FROM_START_RE.search(prefix) and _FROM_REST_RE.match(number)) or bool(_FROM_END_RE.search(prefix))
+    return _starts_change(prefix, number) or bool(_FROM_END_RE.search(prefix))

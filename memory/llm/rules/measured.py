@@ -118,6 +118,16 @@ def measure(prefix: str, rest: str) -> frozenset[str]:
     return frozenset(out)
 
 
+def _after_possessive(prefix: str, speaker: AbstractSet[str]) -> list[str] | None:
+    """The lower-cased words after the speaker's possessive nearest before the number in its sentence
+    and clause (`owner`, `owner_head`), or None when there is none."""
+    sentence = _SUBJECT_CLAUSE_RE.split(_SENTENCE_RE.split(prefix)[-1].replace("\u2019", "'"))[-1]
+    raw = [t.lower() for t in re.findall(r"[A-Za-z][\w'.\-]*", sentence)]
+    possessives = {w for w in speaker if w.endswith("'s")} | {"my", "our"}
+    at = max((i for i, t in enumerate(raw) if t in possessives), default=-1)
+    return raw[at + 1:] if at >= 0 else None
+
+
 def owner(prefix: str, speaker: AbstractSet[str], reach: int) -> frozenset[str]:
     """The content words of the speaker's possessive phrase nearest before the number in its
     sentence and clause ("user's modal popup", "my Docker container"; not "my progress" of "my
@@ -126,17 +136,14 @@ def owner(prefix: str, speaker: AbstractSet[str], reach: int) -> frozenset[str]:
     a 400ms delay"; a possessive further back is another clause's: "user's application, considering
     the recent growth of commits merged into the main branch, which has now reached 165");
     `speaker`: the subject's possessives ("user's"), "my" and "our" always."""
-    sentence = _SUBJECT_CLAUSE_RE.split(_SENTENCE_RE.split(prefix)[-1].replace("\u2019", "'"))[-1]
-    raw = [t.lower() for t in re.findall(r"[A-Za-z][\w'.\-]*", sentence)]
-    tokens = [t.removesuffix("'s").strip("'.") for t in raw]       # "app's" -> "app"
-    possessives = {w for w in speaker if w.endswith("'s")} | {"my", "our"}
-    at = max((i for i, t in enumerate(raw) if t in possessives), default=-1)
-    if at < 0:
+    rest = _after_possessive(prefix, speaker)
+    if rest is None:
         return frozenset()
-    if sum(1 for t in tokens[at + 1:] if t not in _FUNCTION and is_content(t)) > reach:
+    tokens = [t.removesuffix("'s").strip("'.") for t in rest]       # "app's" -> "app"
+    if sum(1 for t in tokens if t not in _FUNCTION and is_content(t)) > reach:
         return frozenset()
     out = set()
-    for t in tokens[at + 1:at + 1 + OWNER_WORDS]:
+    for t in tokens[:OWNER_WORDS]:
         if t in _FUNCTION:
             break
         if is_content(t):
@@ -157,12 +164,8 @@ def owner_head(prefix: str, speaker: AbstractSet[str], reach: int) -> str:
     noun past `OWNER_WORDS`: "user's real-time object detection app"), read past
     its opening adjectives ("user's new message edit feature": feature) and ending at a possessive
     inside it ("user's Flask app's memory usage": the memory is the Flask app's), or "" (v12)."""
-    sentence = _SUBJECT_CLAUSE_RE.split(_SENTENCE_RE.split(prefix)[-1].replace("\u2019", "'"))[-1]
-    raw = [t.lower() for t in re.findall(r"[A-Za-z][\w'.\-]*", sentence)]
-    possessives = {w for w in speaker if w.endswith("'s")} | {"my", "our"}
-    at = max((i for i, t in enumerate(raw) if t in possessives), default=-1)
-    rest = raw[at + 1:] if at >= 0 else []
-    if at < 0 or sum(1 for t in rest if t.strip("'.") not in _FUNCTION and is_content(t.removesuffix("'s"))) > reach:
+    rest = _after_possessive(prefix, speaker)
+    if rest is None or sum(1 for t in rest if t.strip("'.") not in _FUNCTION and is_content(t.removesuffix("'s"))) > reach:
         return ""
     head, nouns = "", 0
     for t in rest:
@@ -188,7 +191,7 @@ def kinds_apart(a: frozenset[str], b: frozenset[str], a_kind: str, b_kind: str, 
                 b_words: frozenset[str]) -> bool:
     """One measure (`a`, `b`: equal or `kin`) of two kinds (`kind`: "parsing time" / "API response
     time"), neither statement naming the other's kind (v12)."""
-    return bool(a & b or kin(a, b)) and heads_apart(a_kind, b_kind, a_words, b_words)
+    return kin(a, b) and heads_apart(a_kind, b_kind, a_words, b_words)
 
 
 def names_before(prefix: str) -> frozenset[str]:

@@ -231,9 +231,8 @@ def _quantities(text: str, exclude: frozenset[str]) -> tuple[Quantity, ...]:
             continue
         if "." in raw and re.search(r"[A-Z][\w\-]*\s*$", clean[:m.start()]):
             continue                                   # "Python 3.11": a version, not a quantity
-        unit_word = counted((m.group(2) or "").lower(), clean[m.end():])
         hyphen = None if m.group(2) else hyphened(clean, m.end(1))     # v12: "a 5,000-word draft"
-        unit_word = hyphen.group(1).lower() if hyphen else unit_word
+        unit_word = hyphen.group(1).lower() if hyphen else counted((m.group(2) or "").lower(), clean[m.end():])
         ranged = _RANGE_RE.match(clean, m.end(1)) if not unit_word or unit_word in _NUMBER_WORDS else None
         if ranged:                                     # "from 20 to 12 minutes": both in minutes
             unit_word = ranged.group(1).lower()
@@ -277,15 +276,15 @@ def changed(newer: dict[str, Any], older: dict[str, Any]) -> list[Quantity]:
     chained = any(not _kind(q) and ("", q.value) in old_values for q in new_q)   # "65 to 72" / "72 to 78"
     out: list[Quantity] = []
     conditions: list[Quantity] = []
-    for nq in new_q:
+    for nq in (q for q in new_q if not q.former):              # v12: a value that held before replaces none
         scope = 1 if same_period and _kind(nq) != "date" else 0     # a date both state: one shared word
         for oq in old_q:
             if not _same_unit(nq, oq) or _shared(nq, oq) + scope < MIN_SHARED or _modes_differ(nq, oq):
                 continue
             if _apart(nq, oq, said, limits, chained):
                 continue                               # v11: numbers of two different things
-            if nq.former or oq.former:
-                continue                               # v12: a value that held before replaces none
+            if oq.former:
+                continue                               # v12: nor is it replaced
             if (_kind(nq), nq.value) in old_values or (_kind(oq), oq.value) in new_values:
                 continue
             if nq.needs_cue and not nq.cued:
