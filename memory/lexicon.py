@@ -1,9 +1,9 @@
 """English word lists shared by the sentence heuristics of consolidation (`memory.dates`,
-`memory.text`) and of retrieval (`retrieval.instructions`): data only, so the retriever can read
-them without importing a stage or a parser."""
+`memory.text`) and of retrieval (`retrieval.instructions`, `recall_cue`, `lexical`, `validity`):
+data only, so the retriever can read them without importing a stage or a parser."""
 from __future__ import annotations
 
-__all__ = ["IRREGULAR_PAST"]
+__all__ = ["IRREGULAR_PAST", "SAYING", "saying_forms"]
 
 #: irregular simple-past verbs (the tense test of `memory.dates`; `rules` spots past-tense clauses
 #: with them, and the retriever statements about oneself: "Never went ...")
@@ -14,3 +14,27 @@ IRREGULAR_PAST = (
     "read set sat slept stood struck swore threw wore woke ate drank came became forgot began "
     "held hung fought bit hid shot shook tore"
 ).split()
+
+#: verbs of saying, telling and advising: base -> (third person, simple past, past participle). One
+#: table so the cues that read them cannot drift apart; each takes the subset it was measured with:
+#: the recall cue ("did you recommend"), the BM25 question words ("what did you say") and the
+#: history cue ("what did I first say").
+SAYING: dict[str, tuple[str, str, str]] = {
+    "say": ("says", "said", "said"), "mention": ("mentions", "mentioned", "mentioned"),
+    "tell": ("tells", "told", "told"), "recommend": ("recommends", "recommended", "recommended"),
+    "suggest": ("suggests", "suggested", "suggested"), "advise": ("advises", "advised", "advised"),
+    "ask": ("asks", "asked", "asked"), "share": ("shares", "shared", "shared"),
+    "explain": ("explains", "explained", "explained"), "describe": ("describes", "described", "described"),
+    "outline": ("outlines", "outlined", "outlined"), "propose": ("proposes", "proposed", "proposed"),
+    "state": ("states", "stated", "stated"), "provide": ("provides", "provided", "provided"),
+    "give": ("gives", "gave", "given"), "show": ("shows", "showed", "shown"),
+    "offer": ("offers", "offered", "offered"), "list": ("lists", "listed", "listed"),
+    "write": ("writes", "wrote", "written"), "point out": ("points out", "pointed out", "pointed out"),
+    "walk me through": ("walks me through", "walked me through", "walked me through"),
+    "lay out": ("lays out", "laid out", "laid out"), "come up with": ("comes up with", "came up with", "come up with"),
+}
+
+
+def saying_forms(*bases: str) -> tuple[str, ...]:
+    """Every form of the verbs `bases` (keys of SAYING), base first, without repeats."""
+    return tuple(dict.fromkeys(f for b in bases for f in (b, *SAYING[b])))

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import sparse
 
+from memory.lexicon import saying_forms
 from memory.terms import token_frame, tokenize
 
 log = logging.getLogger(__name__)
@@ -158,11 +159,9 @@ _BUILDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnemo-bm25")
 #: "you told me", "what did you recommend"). The strategies' BM25 leaves them out of the query (the
 #: dense channel reads the whole question; stored terms keep them). BEAM 100K R@10 0.657 -> 0.666
 #: (information extraction 0.750 -> 0.825), 500K unchanged, LoCoMo 0.687 -> 0.692. English only.
-QUESTION_WORDS = frozenset(
-    "did didn does doesn doing having say says said mention mentions mentioned tell tells told recommend "
-    "recommends recommended suggest suggests suggested advise advises advised ask asks asked share shares "
-    "shared explain explains explained describe describes described outline outlines outlined propose "
-    "proposes proposed".split())
+QUESTION_WORDS = frozenset(("did", "didn", "does", "doesn", "doing", "having") + saying_forms(
+    "say", "mention", "tell", "recommend", "suggest", "advise", "ask", "share", "explain", "describe", "outline",
+    "propose"))
 
 
 def normalized(scores: np.ndarray) -> np.ndarray:

@@ -16,18 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memory.lexicon import SAYING
+
 from retrieval.index import UserIndex
 
 __all__ = ["ASKS_WHAT_YOU_SAID", "asks_what_you_said", "assistant_turns"]
 
-#: verbs of advice and telling: base form (after "did you") -> past (after "you"); participles differ for two
-_VERBS = {"recommend": "recommended", "suggest": "suggested", "say": "said", "advise": "advised",
-          "mention": "mentioned", "tell": "told", "propose": "proposed", "explain": "explained",
-          "outline": "outlined", "describe": "described", "provide": "provided", "give": "gave",
-          "share": "shared", "show": "showed", "offer": "offered", "point out": "pointed out",
-          "walk me through": "walked me through", "lay out": "laid out", "list": "listed",
-          "come up with": "came up with", "write": "wrote"}
-_PARTICIPLES = {**_VERBS, "give": "given", "show": "shown", "come up with": "come up with", "write": "written"}
+#: verbs of advice and telling (`memory.lexicon.SAYING`): base form (after "did you") -> past (after
+#: "you"), and -> participle (after "have you")
+_RECALL = ("recommend", "suggest", "say", "advise", "mention", "tell", "propose", "explain", "outline", "describe",
+           "provide", "give", "share", "show", "offer", "point out", "walk me through", "lay out", "list",
+           "come up with", "write")
+_VERBS = {v: SAYING[v][1] for v in _RECALL}
+_PARTICIPLES = {v: SAYING[v][2] for v in _RECALL}
 _BASE = "|".join(re.escape(v).replace(r"\ ", r"\s+") for v in sorted(_VERBS, key=len, reverse=True))
 _PAST = "|".join(re.escape(v).replace(r"\ ", r"\s+")
                  for v in sorted(set(_VERBS.values()) | set(_PARTICIPLES.values()), key=len, reverse=True))
