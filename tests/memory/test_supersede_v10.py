@@ -13,7 +13,7 @@ _f = statement
 
 
 def test_version() -> None:
-    assert SUPERSEDE_VERSION == "rules-supersede-v12"
+    assert SUPERSEDE_VERSION == "rules-supersede-v13"
 
 
 def test_only_a_reschedule_cue_moves_a_date() -> None:

@@ -14,7 +14,7 @@ _f = statement
 
 
 def test_version() -> None:
-    assert SUPERSEDE_VERSION == "rules-supersede-v12"
+    assert SUPERSEDE_VERSION == "rules-supersede-v13"
 
 
 def test_a_different_measure_is_another_fact() -> None:

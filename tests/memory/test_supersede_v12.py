@@ -16,7 +16,7 @@ _f = statement
 
 
 def test_version() -> None:
-    assert SUPERSEDE_VERSION == "rules-supersede-v12"
+    assert SUPERSEDE_VERSION == "rules-supersede-v13"
 
 
 def test_owners_with_other_heads_are_two_things() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["UNITS", "SPANS", "MEASURES", "counted", "hyphened", "unit_of"]
+__all__ = ["UNITS", "SPANS", "MEASURES", "counted", "hyphened", "period", "unit_of"]
 
 #: the canonical units of a span of time, whose words are context words when written out (``60 seconds``)
 SPANS = frozenset({"second", "minute", "hour", "day", "week", "month", "year"})
@@ -69,3 +69,22 @@ def counted(word: str, rest: str) -> str:
 def hyphened(text: str, at: int) -> re.Match[str] | None:
     """A unit joined by a hyphen to the number ending at `at` ("5,000-word", "7-day"; v12)."""
     return _HYPHEN_RE.match(text, at)
+
+
+#: a rate's period right after its unit ("words/day", "hours per week", "calls a day")
+_PER_RE = re.compile(r"\s*(?:/|per\s+|an?\s+|each\s+|every\s+)(day|week|month|year|hour|minute|session)s?\b",
+                     re.IGNORECASE)
+#: a rate's period said as an adjective near it ("my weekly word count ... 1,500 words")
+_PERIODS = {"daily": "day", "weekly": "week", "monthly": "month", "yearly": "year", "annual": "year",
+            "annually": "year", "hourly": "hour", "nightly": "day"}
+
+
+def period(text: str, end: int, before: list[str]) -> str:
+    """The period of the rate whose unit ends at `end` in `text`: right after it ("1,700 words/day"),
+    or an adjective among the words `before` it or the two after it ("a weekly word count of
+    1,200"); "" when none."""
+    rate = _PER_RE.match(text, end)
+    if rate:
+        return rate.group(1).lower()
+    near = [w.lower() for w in before] + text[end:].lower().split()[:2]
+    return next((_PERIODS[w] for w in near if w in _PERIODS), "")
