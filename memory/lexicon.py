@@ -32,6 +32,8 @@ SAYING: dict[str, tuple[str, str, str]] = {
     "write": ("writes", "wrote", "written"), "point out": ("points out", "pointed out", "pointed out"),
     "walk me through": ("walks me through", "walked me through", "walked me through"),
     "lay out": ("lays out", "laid out", "laid out"), "come up with": ("comes up with", "came up with", "come up with"),
+    "bring up": ("brings up", "brought up", "brought up"), "raise": ("raises", "raised", "raised"),
+    "note": ("notes", "noted", "noted"),
 }
 
 

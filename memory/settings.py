@@ -96,6 +96,9 @@ class RetrievalSettings(BaseModel):
     recall_boost: float = Field(0.1, ge=0.0, le=1.0, description="added to an assistant's raw turns in the hybrid "
                                 "score when the query asks what the assistant said before (\"How did you "
                                 "recommend ...?\", not \"Can you recommend ...?\"; retrieval.recall_cue); 0: off")
+    own_words_penalty: float = Field(0.2, ge=0.0, le=1.0, description="taken from an assistant's raw turns in the "
+                                     "hybrid score when the query asks what the user said (\"did I mention\", \"the "
+                                     "order in which I brought up\"; retrieval.recall_cue); 0: off")
     turn_pool_gamma: float = Field(0.0, ge=0.0, description="with > 0 the deduplicating strategies rank a "
                                    "turn once with the single-source memories citing it (its fragments): "
                                    "s_turn + n^-γ·max(0, best member − s_turn) for n members (strategies."

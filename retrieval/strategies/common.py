@@ -19,7 +19,7 @@ from retrieval import rfmem
 from retrieval.calibration import calibrate
 from retrieval.index import UserIndex
 from retrieval.lexical import QUESTION_WORDS, normalized
-from retrieval.recall_cue import asks_what_you_said, assistant_turns
+from retrieval.recall_cue import asks_what_i_said, asks_what_you_said, assistant_turns
 
 
 @dataclass
@@ -65,6 +65,10 @@ class Query:
             theirs = assistant_turns(self.index, tuple(s.assistant_speakers))[rows]
             out[theirs] += s.recall_boost
             self.signals["recall_boosted"] = int(theirs.sum())
+        elif s.own_words_penalty and s.assistant_speakers and asks_what_i_said(self.text):
+            theirs = assistant_turns(self.index, tuple(s.assistant_speakers))[rows]
+            out[theirs] -= s.own_words_penalty
+            self.signals["own_words"] = int(theirs.sum())
         return out
 
 

@@ -1,6 +1,7 @@
 """Queries about what the assistant said before (`retrieval.recall_cue`): the hybrid strategies
 lift the assistant's raw turns by `recall_boost` for "What did you recommend ...?", not for a
-request for new advice ("Can you recommend ...?")."""
+request for new advice ("Can you recommend ...?"), and lower them by `own_words_penalty` for what
+the user said ("What did I mention ...?")."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from memory.embed import Embedder
 from memory.store import Store
 from retrieval import RetrievalSettings, Retriever
-from retrieval.recall_cue import asks_what_you_said, assistant_turns
+from retrieval.recall_cue import asks_what_i_said, asks_what_you_said, assistant_turns
 from tests.helpers import ts
 
 USER = "dana"
@@ -105,3 +106,33 @@ def test_the_hybrid_bm25_leaves_the_questions_own_words_out(store: Store, embedd
     r = Retriever(store, RetrievalSettings(refresh_ms=0, instruction_slots=0), embedder=embedder)
     res = r.retrieve("lee", "What did I say about the hill?", k=2, strategy="hybrid")
     assert res.signals["lexical_hits"] == 1
+
+
+@pytest.mark.parametrize("text, asks", [
+    ("Can you list the order in which I brought up different aspects of my budget app?", True),
+    ("What technologies did I say I was using?", True),
+    ("What did I first mention about the deadline?", True),
+    ("Have I ever told you about my sister?", True),
+    ("I've mentioned my knee before, what stretches help?", True),
+    ("Didn't I share the draft with you?", True),
+    ("Should I mention my salary in the interview?", False),
+    ("If I mentioned it to my boss, what would happen?", False),
+    ("How did I confirm the ratio was right?", False),
+    ("What did you recommend for my resume?", False),
+    ("", False),
+    (None, False),
+])
+def test_the_own_words_cue_is_a_past_tense_with_i_as_subject(text: str | None, asks: bool) -> None:
+    assert asks_what_i_said(text) is asks
+
+
+def test_asking_what_the_user_said_lowers_the_assistants_turns(store: Store, embedder: Embedder) -> None:
+    """"What did I say about ...": the user's own turns answer it; the assistant's reply, which
+    restates them, drops by the default `own_words_penalty` and nothing else moves."""
+    query = "What did I say about my basil plant that keeps wilting?"
+    off = _scores(store, embedder, query, own_words_penalty=0.0)
+    on = _scores(store, embedder, query)
+    assert off[ADVICE] - on[ADVICE] == pytest.approx(0.2, abs=1e-5)
+    assert {i: on[i] for i in on if i != ADVICE} == {i: off[i] for i in off if i != ADVICE}
+    about_you = "What did you recommend for my basil plant that keeps wilting?"
+    assert _scores(store, embedder, about_you, own_words_penalty=0.9) == _scores(store, embedder, about_you)
