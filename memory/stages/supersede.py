@@ -213,7 +213,10 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
             if rules:
                 unheld: list[Unheld] = []
                 changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns, unheld=unheld))
-                state.fragments += change_fragments(unheld, sessions, ctx.embedder, state.run_id)
+                made = change_fragments(unheld, sessions, ctx.embedder, state.run_id)
+                changed.update(decide_made(stored + new, made, message_ts, turns))
+                ids |= {f["id"] for f in made}
+                state.fragments += made
             closed = [r for fid, r in changed.items() if fid not in ids]
             if closed:
                 add_rows(state, "fragments", closed)
@@ -250,6 +253,18 @@ def change_fragments(unheld: list[Unheld], sessions: list[SessionWork], embedder
     return rows
 
 
+def decide_made(frags: list[dict[str, Any]], made: list[dict[str, Any]], message_ts: dict[str, datetime],
+                turns: Turns) -> dict[str, dict[str, Any]]:
+    """Decide the change fragments just `made` against the other fragments (`frags`) and each other,
+    as `plan` decided those: one made from an older turn is replaced by a newer statement like any
+    fragment (made after the decisions, it was compared with none). Returns the changed rows."""
+    if not made:
+        return {}
+    for f in made:
+        f["supersede_version"] = None
+    return plan(frags + made, [f["id"] for f in made], message_ts, turns=turns)
+
+
 def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None,
                    embedder: Embedder | None = None, *, run_id: str = BACKFILL_RUN) -> dict[str, int]:
     """Run the rules' decisions on one user of a consolidated store (fragments never examined, or by
@@ -273,7 +288,8 @@ def supersede_user(store: Store, user_id: str, skip: Iterable[str] | None = None
     changed.update(plan_turns(frags, [m["message_id"] for m in turns.rows], turns, unheld=unheld))
     made = change_fragments(unheld, _sessions_of(store, user_id, turns, {u[0] for u in unheld}), embedder, run_id) \
         if embedder is not None and unheld else []
-    rows = list(changed.values()) + made
+    changed.update(decide_made(frags, made, message_ts, turns))
+    rows = list({**changed, **{f["id"]: f for f in made}}.values())
     for r in rows:
         r["vector"] = np.asarray(r["vector"], dtype=np.float32)
     store.upsert("fragments", rows)

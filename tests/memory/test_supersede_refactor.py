@@ -111,3 +111,33 @@ def test_sentence_item_is_extractions_wording() -> None:
     item = sentence_item("I moved to Lisbon last month", "Dana", "2024-04-05T09:00:00+00:00", "m9")
     assert item["subject"] == "Dana" and item["source_ids"] == ["m9"] and "Lisbon" in item["content"]
     assert set(item) == {"subject", "category", "key", "content", "source_ids", "date"}
+
+
+def test_change_fragments_made_in_one_run_are_decided_against_each_other(tmp_path: Path,
+                                                                          embedder: Embedder) -> None:
+    """A meeting moved twice, each time inside a question (no fragment holds either time): the run
+    makes a change fragment of each move, and the later one replaces the earlier one, as it would
+    had the earlier been made in an earlier run (made after the decisions, it was compared with none)."""
+    texts = [("s1", "m1", 1, "I have a Zoom meeting with Professor Danielle on March 22 at 3 PM, what should I ask her?"),
+             ("s2", "m2", 5, "Can you remind me that the Zoom meeting with Professor Danielle is rescheduled to "
+                             "March 22 at 4:30 PM?"),
+             ("s3", "m3", 9, "Can you remind me that the Zoom meeting with Professor Danielle is rescheduled again "
+                             "to March 22 at 5:30 PM?")]
+    st = Store(str(tmp_path / "store"), dim=embedder.dim)
+    vecs = embedder.embed([t for *_, t in texts])
+    st.upsert("messages", [{"id": f"msg-{m}", "user_id": "dana", "session_id": s, "message_id": m, "seq": i,
+                            "speaker": "Dana", "text": t, "ts": _ts(d), "vector": v}
+                           for i, ((s, m, d, t), v) in enumerate(zip(texts, vecs))])
+    st.upsert("sessions", [{"id": f"ses-{s}", "user_id": "dana", "session_id": s, "ts": _ts(d), "n_messages": 1,
+                            "speakers": ["Dana"]} for s, _, d, _ in texts])
+    cat = "Dana adopted a grey cat called Miso from the shelter near her flat last winter"
+    st.upsert("fragments", [{"id": "f0", "user_id": "dana", "session_id": "s1", "session_ts": _ts(1),
+                             "subject": "Dana", "category": "factual", "key": "cat", "content": cat,
+                             "date": "2024-04-01", "text": cat, "source_ids": ["m0"],
+                             "vector": embedder.embed([cat])[0]}])
+    counts = supersede_user(st, "dana", embedder=embedder)
+    assert counts["change_fragments"] == 2
+    made = {r["source_ids"][0]: r for r in st.read("fragments", "dana").to_pylist() if r["id"] != "f0"}
+    assert made["m2"]["replaces_sources"] == ["m1"] and "m2" in made["m3"]["replaces_sources"]
+    assert made["m2"]["superseded_by"] == made["m3"]["id"] and made["m3"]["superseded_by"] is None
+    assert counts["superseded"] == 1
