@@ -55,15 +55,18 @@ ASKS_WHAT_YOU_SAID = re.compile(
     re.IGNORECASE)
 
 
-_OWN = ("say", "mention", "tell", "ask", "share", "describe", "explain", "outline", "state", "list", "bring up", "raise",
-        "note")
+#: verbs of saying for the user's own words; not "ask" ("the plan I asked you for" is the assistant's
+#: reply) nor "raise" ("how much did I raise")
+_OWN = ("say", "mention", "tell", "share", "describe", "explain", "outline", "state", "list", "bring up", "note")
 _OWN_BASE = "|".join(re.escape(v).replace(r"\ ", r"\s+") for v in sorted(_OWN, key=len, reverse=True))
-_OWN_PAST = "|".join(re.escape(v).replace(r"\ ", r"\s+") for v in sorted({SAYING[v][1] for v in _OWN}, key=len,
-                                                                           reverse=True))
-#: "did I (ever/first) mention", "have I told", "I (had/'d/'ve) brought up", "in which I brought up"
+_OWN_PAST = "|".join(re.escape(v).replace(r"\ ", r"\s+")
+                     for v in sorted({f for v in _OWN for f in SAYING[v][1:]}, key=len, reverse=True))
+#: "did I (ever/first) mention", "have I told", "I (had/'d/'ve) brought up", "in which I brought up";
+#: not after "if", "when" or a modal ("should I have mentioned", "what would I have said")
 ASKS_WHAT_I_SAID = re.compile(
     rf"\b(?:did|didn'?t|have|had|haven'?t|hadn'?t)\s+I\s+{_WHEN}(?:first\s+)?(?:{_OWN_BASE}|{_OWN_PAST})\b"
-    rf"|(?<!\bif\s)(?<!\bwhen\s)\bI(?:'d|'ve|\s+had|\s+have)?\s+{_WHEN}(?:first\s+)?(?:{_OWN_PAST})\b",
+    rf"|(?<!\bif\s)(?<!\bwhen\s)(?<!\bshould\s)(?<!\bwould\s)(?<!\bcould\s)(?<!\bmight\s)(?<!\bmust\s)"
+    rf"(?<!\bmay\s)\bI(?:'d|'ve|\s+had|\s+have)?\s+{_WHEN}(?:first\s+)?(?:{_OWN_PAST})\b",
     re.IGNORECASE)
 
 

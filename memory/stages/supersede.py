@@ -20,7 +20,9 @@ newer turn's message row, or given the newer turn in `contradicts_sources`). Whe
 statement (both said it inside a question: "can you remind me it's moved to 4:30 PM?", "I've never
 met Bryan, can you help me say so?"), the stage makes a *change fragment* of the newer turn's sentence
 (`change_fragments`) that carries the link in `replaces_sources` or `contradicts_sources`: without a
-row, nothing could say the older turn is out of date or denied.
+row, nothing could say the older turn is out of date or denied. The change fragments a run makes
+are then decided like the others (`decide_made`): a newer statement replaces one as it would any
+fragment, so a fresh consolidation closes what a re-decide of its store closes.
 
 `supersede_user` runs the same decisions on an already consolidated store for one user (fragments
 never examined, `supersede_version` null, or decided by an older rules version), writing the
@@ -47,7 +49,7 @@ from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows
                                  timed)
 from memory.store import Store
 
-__all__ = ["supersede", "supersede_user", "plan", "change_fragments", "NEIGHBOURS", "MIN_SIM", "MAX_CANDIDATES"]
+__all__ = ["supersede", "supersede_user", "plan", "change_fragments", "decide_made", "NEIGHBOURS", "MIN_SIM", "MAX_CANDIDATES"]
 
 #: how the rules' versions start (`SUPERSEDE_VERSION`); LLM prompt versions are never re-decided here
 RULES_PREFIX = "rules-supersede-"
@@ -202,7 +204,9 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
         for f in state.fragments:
             if f.get("vector") is not None:
                 by_user[f["user_id"]].append(f)
-        for user, new in by_user.items():
+        # a user whose run kept no fragment still has turns to link (said inside questions: change fragments)
+        for user in dict.fromkeys([*by_user, *(s.user_id for s in state.sessions)]):
+            new = by_user.get(user, [])
             ids = {f["id"] for f in new}
             stored = _stored(ctx.store, user, ids) if has_stored(state, user) else []
             sessions = [s for s in state.sessions if s.user_id == user]

@@ -52,7 +52,8 @@ class Query:
 
     def prior(self, rows: np.ndarray, z_scores: np.ndarray) -> np.ndarray:
         """Kind weights plus the weighted, max-normalized BM25 score of each row, and the assistant's
-        turns' `recall_boost` when the query asks what the assistant said (`recall_cue`)."""
+        turns' `recall_boost` when the query asks what the assistant said, or minus `own_words_penalty`
+        when it asks what the user said (`recall_cue`)."""
         s = self.settings
         weights = self.index.memo("kindw:" + repr(sorted(s.kind_weights.items())), lambda: _kind_weights(
             self.index.kinds, s.kind_weights))
@@ -61,14 +62,13 @@ class Query:
             bm = self.index.lexical(s.bm25_k1, s.bm25_b).scores(self.text, QUESTION_WORDS)[rows]
             out += s.lexical_weight * normalized(bm)
             self.signals["lexical_hits"] = int((bm > 0).sum())
-        if s.recall_boost and s.assistant_speakers and asks_what_you_said(self.text):
-            theirs = assistant_turns(self.index, tuple(s.assistant_speakers))[rows]
-            out[theirs] += s.recall_boost
-            self.signals["recall_boosted"] = int(theirs.sum())
-        elif s.own_words_penalty and s.assistant_speakers and asks_what_i_said(self.text):
-            theirs = assistant_turns(self.index, tuple(s.assistant_speakers))[rows]
-            out[theirs] -= s.own_words_penalty
-            self.signals["own_words"] = int(theirs.sum())
+        if s.assistant_speakers and (s.recall_boost or s.own_words_penalty):
+            you = asks_what_you_said(self.text)    # about the assistant's words: never the user's too
+            shift = s.recall_boost if you else -s.own_words_penalty if asks_what_i_said(self.text) else 0.0
+            if shift:
+                theirs = assistant_turns(self.index, tuple(s.assistant_speakers))[rows]
+                out[theirs] += shift
+                self.signals["recall_boosted" if you else "own_words"] = int(theirs.sum())
         return out
 
 

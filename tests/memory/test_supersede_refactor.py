@@ -3,6 +3,7 @@ too), once; the shared pieces behind it: the quantity index, the turns' nearest-
 one-sentence fragment item. Real LanceDB and the real embedder."""
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from memory.llm.rules.turns import QuantityIndex, Turns, plan_turns
 from memory.stages.shard import SessionWork
 from memory.stages.supersede import change_fragments, supersede_user
 from memory.store import Store
+from tests.helpers import ingest_and_consolidate
 
 TEXTS = [("s1", "m0", 1, "I adopted a grey cat called Miso from the shelter near my flat last winter."),
          ("s1", "m1", 1, "I have a Zoom meeting with Professor Danielle on March 22 at 3 PM, what should I ask her?"),
@@ -141,3 +143,22 @@ def test_change_fragments_made_in_one_run_are_decided_against_each_other(tmp_pat
     assert made["m2"]["replaces_sources"] == ["m1"] and "m2" in made["m3"]["replaces_sources"]
     assert made["m2"]["superseded_by"] == made["m3"]["id"] and made["m3"]["superseded_by"] is None
     assert counts["superseded"] == 1
+
+
+def test_the_stage_decides_the_change_fragments_of_its_run(tmp_path: Path) -> None:
+    """The same twice-moved meeting through a real consolidation (one run, three sessions): the
+    stage's change fragment of the first move is replaced by the one of the second."""
+    rows = [{"user_id": "dana", "session_id": s, "message_id": m, "speaker": "Dana", "text": t,
+             "timestamp": _ts(d).isoformat()} for s, m, d, t in [
+                 ("s1", "m1", 1, "I have a Zoom meeting with Professor Danielle on March 22 at 3 PM, what should I ask "
+                                 "her?"),
+                 ("s2", "m2", 5, "Can you remind me that the Zoom meeting with Professor Danielle is rescheduled to "
+                                 "March 22 at 4:30 PM?"),
+                 ("s3", "m3", 9, "Can you remind me that the Zoom meeting with Professor Danielle is rescheduled "
+                                 "again to March 22 at 5:30 PM?")]]
+    archive = tmp_path / "dana.jsonl"
+    archive.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = ingest_and_consolidate(tmp_path / "store", archive, llm="rules")
+    made = {r["source_ids"][0]: r for r in store.read("fragments", "dana").to_pylist() if r["replaces_sources"]}
+    assert {"m2", "m3"} <= set(made)
+    assert made["m2"]["superseded_by"] == made["m3"]["id"] and made["m3"]["superseded_by"] is None

@@ -116,6 +116,10 @@ def test_the_hybrid_bm25_leaves_the_questions_own_words_out(store: Store, embedd
     ("I've mentioned my knee before, what stretches help?", True),
     ("Didn't I share the draft with you?", True),
     ("Should I mention my salary in the interview?", False),
+    ("Should I have mentioned that to my landlord?", False),
+    ("What should I have said to him?", False),
+    ("Can you recap the workout plan I asked you for?", False),
+    ("How much did I raise for the charity run?", False),
     ("If I mentioned it to my boss, what would happen?", False),
     ("How did I confirm the ratio was right?", False),
     ("What did you recommend for my resume?", False),
@@ -136,3 +140,6 @@ def test_asking_what_the_user_said_lowers_the_assistants_turns(store: Store, emb
     assert {i: on[i] for i in on if i != ADVICE} == {i: off[i] for i in off if i != ADVICE}
     about_you = "What did you recommend for my basil plant that keeps wilting?"
     assert _scores(store, embedder, about_you, own_words_penalty=0.9) == _scores(store, embedder, about_you)
+    both = "After I mentioned my basil plant, what did you recommend?"      # about the assistant's words
+    plain = _scores(store, embedder, both, recall_boost=0.0, own_words_penalty=0.0)
+    assert _scores(store, embedder, both, recall_boost=0.0) == plain
