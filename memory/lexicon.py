@@ -3,7 +3,10 @@
 data only, so the retriever can read them without importing a stage or a parser."""
 from __future__ import annotations
 
-__all__ = ["IRREGULAR_PAST", "SAYING", "saying_forms"]
+import re
+from collections.abc import Iterable
+
+__all__ = ["IRREGULAR_PAST", "SAYING", "saying_forms", "alternation"]
 
 #: irregular simple-past verbs (the tense test of `memory.dates`; `rules` spots past-tense clauses
 #: with them, and the retriever statements about oneself: "Never went ...")
@@ -32,11 +35,15 @@ SAYING: dict[str, tuple[str, str, str]] = {
     "write": ("writes", "wrote", "written"), "point out": ("points out", "pointed out", "pointed out"),
     "walk me through": ("walks me through", "walked me through", "walked me through"),
     "lay out": ("lays out", "laid out", "laid out"), "come up with": ("comes up with", "came up with", "come up with"),
-    "bring up": ("brings up", "brought up", "brought up"), "raise": ("raises", "raised", "raised"),
-    "note": ("notes", "noted", "noted"),
+    "bring up": ("brings up", "brought up", "brought up"), "note": ("notes", "noted", "noted"),
 }
 
 
 def saying_forms(*bases: str) -> tuple[str, ...]:
     """Every form of the verbs `bases` (keys of SAYING), base first, without repeats."""
     return tuple(dict.fromkeys(f for b in bases for f in (b, *SAYING[b])))
+
+
+def alternation(phrases: Iterable[str]) -> str:
+    """A regex alternation of `phrases`, longest first, a space matching any run of whitespace."""
+    return "|".join(re.escape(p).replace(r"\ ", r"\s+") for p in sorted(set(phrases), key=len, reverse=True))

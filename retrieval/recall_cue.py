@@ -23,22 +23,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memory.lexicon import SAYING
+from memory.lexicon import SAYING, alternation
 
 from retrieval.index import UserIndex
 
 __all__ = ["ASKS_WHAT_YOU_SAID", "ASKS_WHAT_I_SAID", "asks_what_you_said", "asks_what_i_said", "assistant_turns"]
 
-#: verbs of advice and telling (`memory.lexicon.SAYING`): base form (after "did you") -> past (after
-#: "you"), and -> participle (after "have you")
+#: verbs of advice and telling (`memory.lexicon.SAYING`): the base form after "did you", the past
+#: after "you" and the participle after "have you"
 _RECALL = ("recommend", "suggest", "say", "advise", "mention", "tell", "propose", "explain", "outline", "describe",
            "provide", "give", "share", "show", "offer", "point out", "walk me through", "lay out", "list",
            "come up with", "write")
-_VERBS = {v: SAYING[v][1] for v in _RECALL}
-_PARTICIPLES = {v: SAYING[v][2] for v in _RECALL}
-_BASE = "|".join(re.escape(v).replace(r"\ ", r"\s+") for v in sorted(_VERBS, key=len, reverse=True))
-_PAST = "|".join(re.escape(v).replace(r"\ ", r"\s+")
-                 for v in sorted(set(_VERBS.values()) | set(_PARTICIPLES.values()), key=len, reverse=True))
+_BASE = alternation(_RECALL)
+_PAST = alternation(f for v in _RECALL for f in SAYING[v][1:])
 _WHEN = r"(?:(?:ever|once|just|already|previously|earlier)\s+)?"
 #: "did(n't) you (not) (ever/once/just) recommend", "have/had you (ever) recommended", "you
 #: (had/'d/'ve/once) recommended" (not after "if", a modal or a passive's "were": "if you told your
@@ -58,9 +55,8 @@ ASKS_WHAT_YOU_SAID = re.compile(
 #: verbs of saying for the user's own words; not "ask" ("the plan I asked you for" is the assistant's
 #: reply) nor "raise" ("how much did I raise")
 _OWN = ("say", "mention", "tell", "share", "describe", "explain", "outline", "state", "list", "bring up", "note")
-_OWN_BASE = "|".join(re.escape(v).replace(r"\ ", r"\s+") for v in sorted(_OWN, key=len, reverse=True))
-_OWN_PAST = "|".join(re.escape(v).replace(r"\ ", r"\s+")
-                     for v in sorted({f for v in _OWN for f in SAYING[v][1:]}, key=len, reverse=True))
+_OWN_BASE = alternation(_OWN)
+_OWN_PAST = alternation(f for v in _OWN for f in SAYING[v][1:])
 #: "did I (ever/first) mention", "have I told", "I (had/'d/'ve) brought up", "in which I brought up";
 #: not after "if", "when" or a modal ("should I have mentioned", "what would I have said")
 ASKS_WHAT_I_SAID = re.compile(
@@ -72,12 +68,16 @@ ASKS_WHAT_I_SAID = re.compile(
 
 def asks_what_i_said(text: str | None) -> bool:
     """Does the query ask what the user said before ("did I mention", "the order in which I brought up")?"""
-    return bool(text) and ASKS_WHAT_I_SAID.search((text or "").replace("\u2019", "'")) is not None
+    return _asks(ASKS_WHAT_I_SAID, text)
 
 
 def asks_what_you_said(text: str | None) -> bool:
     """Does the query ask what the assistant said, suggested or recommended before?"""
-    return bool(text) and ASKS_WHAT_YOU_SAID.search((text or "").replace("\u2019", "'")) is not None
+    return _asks(ASKS_WHAT_YOU_SAID, text)
+
+
+def _asks(cue: re.Pattern[str], text: str | None) -> bool:
+    return bool(text) and cue.search((text or "").replace("\u2019", "'")) is not None
 
 
 def assistant_turns(index: UserIndex, voices: tuple[str, ...]) -> np.ndarray:

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memory.lexicon import SAYING
+from memory.lexicon import SAYING, alternation
 from retrieval.index import FRAGMENT_VALIDITY, VALIDITY_READ, UserIndex
 
 __all__ = ["Validity", "validity_of", "order_current", "annotate", "asks_history", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
@@ -59,8 +59,8 @@ _HISTORY_RE = re.compile(
     r"\b(?:at\s+the\s+(?:start|beginning|outset)(?!\s+of\s+(?:each|every|the\s+(?:day|week|month|year)))|"
     r"at\s+first(?!\s+(?:light|sight|glance))|initially|original(?:ly)?|used\s+to|"
     r"before\s+I\s+(?:changed|updated|switched|moved|raised|lowered|adjusted|revised)|"
-    r"first\s+(?:" + "|".join([f for v in ("say", "mention", "tell", "state") for f in (v, SAYING[v][1])]
-                               + ["plan", "planned", "set"]) + r"))\b", re.IGNORECASE)
+    r"first\s+(?:" + alternation([f for v in ("say", "mention", "tell", "state") for f in (v, SAYING[v][1])]
+                                  + ["plan", "planned", "set"]) + r"))\b", re.IGNORECASE)
 #: "used to" as "employed for" ("which library have I used to parse ..."), not "formerly"
 _USED_FOR_RE = re.compile(r"\b(?:have|has|had|was|were|is|are|be|been|being)\s+(?:\w+\s+)?used\s+to\s*$",
                           re.IGNORECASE)

@@ -101,8 +101,9 @@ def plan(frags: list[dict[str, Any]], todo: Iterable[str], message_ts: dict[str,
     """Decide for every fragment of `todo` (ids among `frags`, one user's fragments with vectors)
     against its candidates, in time order, and (with `turns`) against older turns no fragment
     covers; mutates the rows and returns the changed ones by id."""
-    if not frags:
-        return {}
+    todo = list(todo)
+    if not frags or not todo:
+        return {}                 # a run's user with no new fragment: nothing to index
     z = np.stack([np.asarray(f["vector"], dtype=np.float32) for f in frags])
     z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
     times = [when(f, message_ts) for f in frags]
