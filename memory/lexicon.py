@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["IRREGULAR_PAST", "SAYING", "saying_forms", "alternation"]
+__all__ = ["IRREGULAR_PAST", "SAYING", "CLAUSE_OPENERS", "saying_forms", "alternation", "clause_end"]
 
 #: irregular simple-past verbs (the tense test of `memory.dates`; `rules` spots past-tense clauses
 #: with them, and the retriever statements about oneself: "Never went ...")
@@ -39,6 +39,11 @@ SAYING: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: words that open another clause after a comma ("..., but", "..., which", "..., I")
+CLAUSE_OPENERS = ("and", "but", "so", "because", "since", "given", "considering", "which", "while", "although",
+                  "though", "especially", "after", "as", "where", "user", "I", "my", "we")
+
+
 def saying_forms(*bases: str) -> tuple[str, ...]:
     """Every form of the verbs `bases` (keys of SAYING), base first, without repeats."""
     return tuple(dict.fromkeys(f for b in bases for f in (b, *SAYING[b])))
@@ -47,3 +52,17 @@ def saying_forms(*bases: str) -> tuple[str, ...]:
 def alternation(phrases: Iterable[str]) -> str:
     """A regex alternation of `phrases`, longest first, a space matching any run of whitespace."""
     return "|".join(re.escape(p).replace(r"\ ", r"\s+") for p in sorted(set(phrases), key=len, reverse=True))
+
+
+def clause_end(openers: Iterable[str] = CLAUSE_OPENERS, *, stops: str = ".;:!?", dash: bool = True,
+               and_subject: bool = False) -> re.Pattern[str]:
+    """Where a clause ends, for `split`: one of `stops` ending a sentence, a dash between spaces, a
+    comma before one of `openers` (case-sensitive: "I", not "i"), and with `and_subject` an "and"
+    before a subject ("... and I"). One builder, so the rules' clause readers differ only in these."""
+    parts = [f"[{re.escape(stops)}](?:\\s|$)"]
+    if dash:
+        parts.append(r"\s[-\u2013\u2014]\s")
+    parts.append(rf",\s*(?=(?:{alternation(openers)})\b)")
+    if and_subject:
+        parts.append(r"\band\s+(?=(?:user|I|we|she|he|they)\b)")
+    return re.compile("|".join(parts))

@@ -29,6 +29,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from memory.lexicon import CLAUSE_OPENERS, clause_end
+
 __all__ = ["CUE_WORDS", "STATED_WORDS", "Cue", "cue", "former", "past_event", "reverts", "whole_change"]
 
 #: words before a changed value that a change cue must fall within (a name's: `named.NAME_WORDS`)
@@ -76,9 +78,7 @@ _FORMER_RE = re.compile(r"(?<![\w-])(?:initial(?:ly)?|original(?:ly)?|previous(?
 #: words saying a value goes back to an earlier one: a restatement of it is then a real change
 _REVERT_RE = re.compile(r"\b(?:back\s+(?:to|down|up)|revert(?:s|ed|ing)?|returned\s+to|restored?)\b", re.IGNORECASE)
 #: a clause's end: a sentence stop, or a comma, dash or "and" opening another clause
-_CLAUSE_END_RE = re.compile(r"[.;:!?](?:\s|$)|\s[-\u2013\u2014]\s|,\s*(?=(?:and|but|so|because|since|given|"
-                            r"considering|which|while|although|though|especially|after|as|where|with|"
-                            r"user|I|my|we)\b)|\band\s+(?=(?:user|I|we|she|he|they)\b)")
+_CLAUSE_END_RE = clause_end((*CLAUSE_OPENERS, "with"), and_subject=True)
 _PAST_RE = re.compile(r"(?<![\w-])(?:[a-z]+[^e\W]ed|[a-z]+ied|met|found|had|did|made|went|took|gave|began|"
                       r"ran|saw|sent|wrote|left|won|spent|bought|held|led|lost|told|felt|kept|came|became|"
                       r"chose|brought|caught|taught|paid|sold|(?<!ha[sv]e\s)(?<!'ve\s)got)(?![\w-])", re.IGNORECASE)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memory.lexicon import clause_end
+
 __all__ = ["NAMED_SIM", "NAME_WORDS", "denied_names", "named_change", "names", "next_step", "subject_names"]
 
 #: text cosine two statements need for a named value of one to replace the other's
@@ -56,8 +58,8 @@ _DENIAL_RE = re.compile(r"(?:(?<![\w-])(?i:never|not|without)|(?i:n't))(?![\w-])
 #: where a denial's reach ends inside its clause ("haven't had outages since I moved to PostgreSQL")
 _SCOPE_END_RE = re.compile(r"(?<![\w-])(?:since|because|when|after|than|so|but|although|though|while|which|that)"
                            r"(?![\w-])", re.IGNORECASE)
-_CLAUSE_RE = re.compile(r"[.;:!?](?:\s|$)|,\s*(?=(?:and|but|so|because|since|which|while|although|though|as|"
-                        r"where|user|I|we)\b)|\s[-\u2013\u2014]\s")
+_CLAUSE_RE = clause_end(("and", "but", "so", "because", "since", "which", "while", "although", "though", "as",
+                         "where", "user", "I", "we"))
 #: capitalized words that are dates or times, not names
 _NOT_NAMES = frozenset("""January February March April May June July August September October November December
 Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Monday Tuesday Wednesday Thursday Friday Saturday Sunday

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memory.lexicon import clause_end
 from memory.text import is_content
 
 __all__ = ["NEG_WORDS", "says_never", "negation"]
@@ -41,7 +42,7 @@ _PLAN_RE = re.compile(r"(?<![\w-])(?:plan(?:s|ning)?\s+to|going\s+to|will|want(?
 #: a time a denial is scoped to: a year, or a period named relative to now
 _SCOPE_RE = re.compile(r"\b(?:1[89]\d\d|20\d\d)\b|(?<![\w-])(?:this|last|next)\s+(?:week|weekend|month|year|"
                        r"summer|winter|spring|autumn|fall|semester|season)(?![\w-])", re.IGNORECASE)
-_CLAUSE_END_RE = re.compile(r"[.;!?](?:\s|$)|,\s*(?:but|because|since|although|though)\b")
+_CLAUSE_END_RE = clause_end(("but", "because", "since", "although", "though"), stops=".;!?", dash=False)
 
 
 def says_never(f: dict[str, Any]) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from memory.lexicon import clause_end
+
 __all__ = ["identifier", "in_request"]
 
 #: a word right before a number that makes it a name: "port 5000", "HTTP 404", "status code 401"
@@ -44,9 +46,7 @@ _REQUEST_RE = re.compile(r"(?<![\w-])(?:help\s+(?:me|user|us)\s+"
                          r"(?:to|me|user|us|you|please)\s+(?:solve|calculate|compute|work\s+out))(?![\w-])",
                          re.IGNORECASE)
 #: where a clause ends: a sentence stop, a dash, or a comma opening another clause
-_CLAUSE_END_RE = re.compile(r"[.;:!?](?:\s|$)|\s[-\u2013\u2014]\s|,\s*(?=(?:and|but|so|because|since|given|"
-                            r"considering|which|while|although|though|especially|after|as|where|"
-                            r"user|I|my|we)\b)")
+_CLAUSE_END_RE = clause_end()
 
 
 def identifier(prefix: str, number: str, rest: str, measured: bool) -> bool:
