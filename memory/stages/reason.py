@@ -88,7 +88,8 @@ def nearest(cluster: Cluster, ids: list[str], fragments: dict[str, dict[str, Any
 def close_superseded(pair: dict[str, Any], items: list[dict[str, Any]],
                      fragments: dict[str, dict[str, Any]]) -> list[str]:
     """Close the fragments the answer's transformations say are superseded (1-based positions in the
-    pair's earlier + later fragments, the earlier one closed by the later); the closed ids."""
+    pair's earlier + later fragments); the closed ids. The one said later replaces the other whichever
+    way the answer names them: a model that swaps the two must not close the current value."""
     order = [f["id"] for f in pair["earlier"] + pair["later"]]
     closed = []
     for it in items:
@@ -96,6 +97,8 @@ def close_superseded(pair: dict[str, Any], items: list[dict[str, Any]],
         if not old_i or not new_i or not (1 <= old_i <= len(order) and 1 <= new_i <= len(order)):
             continue
         old, new = fragments[order[old_i - 1]], fragments[order[new_i - 1]]
+        if old.get("session_ts") and new.get("session_ts") and new["session_ts"] < old["session_ts"]:
+            old, new = new, old
         if old["id"] == new["id"] or old.get("superseded_by"):
             continue
         since = new.get("valid_from") or (new["session_ts"].isoformat() if new.get("session_ts") else new["date"])

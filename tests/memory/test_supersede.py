@@ -150,6 +150,31 @@ def test_llm_transformation_closes_the_fragment_it_names() -> None:
     assert close_superseded(pair, items, frags) == []                       # already closed: idempotent
 
 
+
+def test_llm_transformation_named_backwards_closes_the_older_fragment() -> None:
+    """A model that names the pair the wrong way round ("the newer replaced by the older") must not
+    close the current value: the fragment said later replaces the other, whatever the answer says."""
+    from memory import prompts
+    from memory.stages.reason import close_superseded
+
+    march, april = datetime(2024, 3, 1, tzinfo=timezone.utc), datetime(2024, 4, 10, tzinfo=timezone.utc)
+    paris = {"id": "f-paris", "subject": "Ann", "category": "factual", "key": "home", "content": "Lives in Paris",
+             "date": "2024-03-01", "source_ids": ["m0"], "session_ts": march}
+    berlin = {"id": "f-berlin", "subject": "Ann", "category": "factual", "key": "home", "content": "Lives in Berlin",
+              "date": "2024-04-10", "source_ids": ["m3"], "session_ts": april}
+    # the answer swaps the two (Paris "replaces" Berlin), and a late session's pair (the pool holds the
+    # newer one) where the answer says the newer F1 is replaced by F2
+    for pair, supersedes, superseded_by in (({"earlier": [paris], "later": [berlin]}, "F2", "F1"),
+                                            ({"earlier": [berlin], "later": [paris]}, "F1", "F2")):
+        items = prompts.parse_reasoning({"extended_insight": [
+            {"inference_type": "transformation", "key": "moved", "date": "2024-04", "value": "Ann moved",
+             "supersedes": supersedes, "superseded_by": superseded_by}]})
+        frags = {f["id"]: dict(f) for f in (paris, berlin)}
+        assert close_superseded({"user_id": "ann", "link_id": "l1", **pair}, items, frags) == ["f-paris"]
+        assert frags["f-paris"]["superseded_by"] == "f-berlin" and frags["f-paris"]["valid_until"] == april.isoformat()
+        assert frags["f-berlin"].get("superseded_by") is None and frags["f-berlin"].get("valid_until") is None
+
+
 def test_an_assistants_advice_is_never_compared() -> None:
     """Two fragments of an assistant's replies with a changed number are no update of the user's
     facts (the assistant explains: "New York is 6 hours behind", later "Tokyo is 8 hours ahead");
