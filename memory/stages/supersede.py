@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memory import prompts
 from memory.dates import local_time
 from memory.embed import Embedder
 from memory.llm.rules.statements import sentence_item
@@ -214,7 +215,9 @@ def supersede(state: ShardState, ctx: StageContext) -> ShardState:
             msgs = [m for m in state.message_rows if m["user_id"] == user] + [m for s in sessions for m in s.messages]
             message_ts, turns = _turns(ctx.store, user, msgs, ctx.settings.retrieval.assistant_speakers,
                                        vectors=rules)
-            changed = plan(stored + new, ids, message_ts, decide_rules=rules, turns=turns if rules else None)
+            # an LLM backend decides in the reason stage: its prompt's version, not the rules', is on the row
+            changed = plan(stored + new, ids, message_ts, version=SUPERSEDE_VERSION if rules else prompts.REASON_VERSION,
+                           decide_rules=rules, turns=turns if rules else None)
             if rules:
                 unheld: list[Unheld] = []
                 changed.update(plan_turns(stored + new, [m["message_id"] for m in msgs], turns, unheld=unheld))

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from memory.ingest import ingest
+from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
+from memory.llm.rules.registry import TASKS
 from memory.llm.rules.supersede import decide, quantities
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
@@ -174,6 +176,33 @@ def test_llm_transformation_named_backwards_closes_the_older_fragment() -> None:
         assert frags["f-paris"]["superseded_by"] == "f-berlin" and frags["f-paris"]["valid_until"] == april.isoformat()
         assert frags["f-berlin"].get("superseded_by") is None and frags["f-berlin"].get("valid_until") is None
 
+
+
+@register_backend("rules-as-llm")
+class _RulesAsLLM(LLMBackend):
+    """An LLM backend that answers every request as the rules would (valid JSON, no supersession)."""
+
+    name = "rules-as-llm"
+    live = False
+    default_model = "rules-as-llm-v1"
+
+    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
+        return [LLMResponse(text=json.dumps(TASKS[r.task](r.context))) for r in requests]
+
+
+def test_an_llm_backends_fragments_carry_the_reason_prompts_version(tmp_path: Path) -> None:
+    """With an LLM backend the reason stage decides validity: the fragments the supersede stage
+    examined say so (the reason prompt's version), not the rules' version, which a later rules
+    re-decide (`supersede_user`) would treat as its own and decide again."""
+    from memory import prompts
+
+    settings = Settings(store=str(tmp_path / "store"), llm="rules-as-llm")
+    store = open_store(settings)
+    ingest(store, _archive(tmp_path), "jsonl")
+    consolidate(store, settings)
+    versions = {f["supersede_version"] for f in store.read("fragments").to_pylist()}
+    assert versions == {prompts.REASON_VERSION}
+    assert supersede_user(store, "dana")["examined"] == 0
 
 def test_an_assistants_advice_is_never_compared() -> None:
     """Two fragments of an assistant's replies with a changed number are no update of the user's
