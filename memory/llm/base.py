@@ -49,6 +49,8 @@ class LLMResponse:
     tokens_out: int = 0
     cached: bool = False
     error: str | None = None
+    #: the answer was cut at the token limit (finish reason "length")
+    truncated: bool = False
     #: how the runner treats `error`; a backend that does not say is assumed to have hit a passing fault
     error_kind: ErrorKind = "transient"
 

@@ -117,6 +117,7 @@ class ResponseCache:
             "response": response.text,
             "tokens_in": response.tokens_in,
             "tokens_out": response.tokens_out,
+            "truncated": response.truncated,
             "created_at": datetime.now(timezone.utc),
             "user_id": user,
             "message_ids": messages,

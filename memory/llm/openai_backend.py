@@ -236,9 +236,10 @@ class OpenAIBackend(LLMBackend):
         if not completion.choices:
             return LLMResponse(text=None, tokens_in=tokens_in, tokens_out=tokens_out)
         choice = completion.choices[0]
-        if choice.finish_reason == "length":
+        cut = choice.finish_reason == "length"
+        if cut:
             log.warning("openai: %s answer cut at max_tokens=%d", request.task, self.max_tokens)
-        return LLMResponse(text=choice.message.content, tokens_in=tokens_in, tokens_out=tokens_out)
+        return LLMResponse(text=choice.message.content, tokens_in=tokens_in, tokens_out=tokens_out, truncated=cut)
 
     async def _create(self, client: openai.AsyncOpenAI, body: dict[str, Any]) -> ChatCompletion:
         """One HTTP call, over in `DEADLINE_TIMEOUTS` x `timeout_s` at most (httpx's timeout bounds each

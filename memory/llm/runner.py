@@ -173,7 +173,8 @@ class LLMRunner:
         """One response per request: the recorded one where the cache holds a usable answer (marked
         `cached`), the rest from one backend batch in which identical live requests are sent once.
         A recorded answer that does not validate is used only by `replay` and by a deterministic live
-        backend (temperature 0: it would answer the same again); others ask again."""
+        backend (temperature 0: it would answer the same again), unless it was cut at the token limit (a
+        raised limit must get its chance); others ask again."""
         out: list[LLMResponse | None] = [None] * len(requests)
         if self._reads_cache:
             assert self.cache is not None
@@ -183,7 +184,8 @@ class LLMRunner:
                 row = hits.get(key)
                 if row is None:
                     continue
-                if not reuse_invalid and check(row["response"], requests[i].schema, validate)[0] is None:
+                reuse = reuse_invalid and not (self.backend.live and row.get("truncated"))
+                if not reuse and check(row["response"], requests[i].schema, validate)[0] is None:
                     log.warning("cached %s answer %s does not validate; asking again", requests[i].task, key)
                     continue
                 out[i] = LLMResponse(text=row["response"], tokens_in=int(row.get("tokens_in") or 0),

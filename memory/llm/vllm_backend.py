@@ -128,9 +128,10 @@ class VLLMBackend(LLMBackend):
         if not out.outputs:
             return LLMResponse(text=None, tokens_in=tokens_in)
         first = out.outputs[0]
-        if getattr(first, "finish_reason", None) == "length":
+        cut = getattr(first, "finish_reason", None) == "length"
+        if cut:
             log.warning("vllm: %s answer cut at max_tokens=%d", request.task, self.max_tokens)
-        return LLMResponse(text=first.text, tokens_in=tokens_in, tokens_out=len(first.token_ids or []))
+        return LLMResponse(text=first.text, tokens_in=tokens_in, tokens_out=len(first.token_ids or []), truncated=cut)
 
     def close(self) -> None:
         self._llm = None  # the engine stays cached for the process; drop `_ENGINES` to free the GPU

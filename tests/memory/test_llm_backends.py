@@ -66,10 +66,10 @@ class Script:
             return self.actions.popleft() if self.actions else self.default
 
 
-def _completion(body: dict[str, Any], content: str) -> dict[str, Any]:
+def _completion(body: dict[str, Any], content: str, finish: str = "stop") -> dict[str, Any]:
     return {
         "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
-        "choices": [{"index": 0, "finish_reason": "stop",
+        "choices": [{"index": 0, "finish_reason": finish,
                      "message": {"role": "assistant", "content": content}}],
         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
     }
@@ -113,9 +113,9 @@ def _app(state: dict[str, Script]) -> FastAPI:
                 return JSONResponse({"error": {"message": f"scripted {action}"}}, status_code=int(action),
                                     headers={"retry-after-ms": "10", "x-should-retry": "true"})
             user = body["messages"][1]["content"]
-            content = {"malformed": '{"answer": "unfinished',
+            content = {"malformed": '{"answer": "unfinished', "length": '{"answer": "cut at the li',
                        "wrong": '{"answer": ""}'}.get(action, json.dumps({"answer": user}))
-            return JSONResponse(_completion(body, content))
+            return JSONResponse(_completion(body, content, "length" if action == "length" else "stop"))
         finally:
             with script.lock:
                 script.in_flight -= 1
@@ -267,6 +267,12 @@ def test_malformed_then_valid_through_runner(server: Any, script: Script) -> Non
     assert len(reask) == 3 and reask[-1]["role"] == "user" and "not valid JSON" in reask[-1]["content"]
 
 
+def test_an_answer_cut_at_the_token_limit_says_so(server: Any, script: Script) -> None:
+    script.by_text["long"] = "length"
+    cut, whole = _backend(server).complete([_request("long"), _request("short")])
+    assert cut.truncated and cut.text == '{"answer": "cut at the li' and not whole.truncated
+
+
 def test_malformed_twice_is_quarantined_with_raw_text(server: Any, script: Script) -> None:
     script.actions.extend(["malformed", "wrong"])
     runner = LLMRunner(_backend(server))
@@ -350,9 +356,10 @@ class FakeLLM:
         outs = []
         for conv in messages:
             text = json.dumps({"answer": conv[-1]["content"]})
+            cut = conv[-1]["content"] == "long"              # cut at max_tokens
             outs.append(SimpleNamespace(prompt_token_ids=list(range(5)),
-                                        outputs=[SimpleNamespace(text=text, token_ids=[1, 2, 3],
-                                                                 finish_reason="stop")]))
+                                        outputs=[SimpleNamespace(text=text[:9] if cut else text, token_ids=[1, 2, 3],
+                                                                 finish_reason="length" if cut else "stop")]))
         return outs
 
 
@@ -374,7 +381,9 @@ def test_vllm_one_chat_call_per_batch_with_params_per_schema() -> None:
     assert [_schema_of(p) for p in params] == [decoding_schema(r, 512) for r in requests]
     assert params[0] is params[2]
     assert [json.loads(r.text)["answer"] for r in responses] == ["a", "b", "c"]
-    assert all(r.tokens_in == 5 and r.tokens_out == 3 for r in responses)
+    assert all(r.tokens_in == 5 and r.tokens_out == 3 and not r.truncated for r in responses)
+    cut, = backend.complete([_request("long")])
+    assert cut.truncated and cut.text == '{"answer"'
 
 
 def test_vllm_through_runner_caches_nothing_without_cache() -> None:

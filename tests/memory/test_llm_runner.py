@@ -151,6 +151,24 @@ def test_a_deterministic_live_backend_repeats_a_quarantine_from_the_record(store
     assert again.stats.calls == 0 and again.stats.cache_hits == 2 and len(backend.batches) == 2
 
 
+
+def test_an_answer_cut_at_the_token_limit_is_asked_again_not_repeated(store: Store) -> None:
+    """A deterministic backend's invalid answer is repeated from the record, but not one cut at the
+    token limit: the operator raises the limit and the next run must ask again (replay still repeats it)."""
+    class Greedy(ScriptedBackend):
+        temperature = 0.0
+
+    cut = Greedy(lambda r: LLMResponse(text='{"answer": "tr', tokens_out=8, truncated=True))
+    first = LLMRunner(cut, ResponseCache(store))
+    assert first.run([_request("a")])[0] == [None] and first.stats.calls == 2
+    assert store.read("llm_cache", columns=["truncated"]).column("truncated").to_pylist() == [True, True]
+    raised = Greedy()                                     # a larger limit: the whole answer
+    again = LLMRunner(raised, ResponseCache(store))
+    assert again.run([_request("a")])[0] == [{"answer": "a"}] and again.stats.calls == 1
+    assert again.stats.cache_hits == 0
+    replay = LLMRunner(ReplayBackend(model="fake-model"), ResponseCache(store))
+    assert replay.run([_request("a")])[0] == [{"answer": "a"}] and replay.stats.calls == 0
+
 def test_quarantine_rows_fit_the_table(store: Store) -> None:
     runner = LLMRunner(ScriptedBackend(lambda r: LLMResponse(text='{"answer": ""}')), ResponseCache(store))
     answers, bad = runner.run([_request("a"), _request("b")])
