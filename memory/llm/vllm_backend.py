@@ -3,7 +3,8 @@
 One `chat` call per batch; vLLM schedules it. A batch may mix schemas, so every prompt gets its
 own sampling params (one object per distinct schema, a list paired with the prompts):
 `SamplingParams(max_tokens=..., temperature=..., structured_outputs=StructuredOutputsParams(json=schema))`.
-`max_tokens` is always set: vLLM's default is 16. The constrained schema comes from the request
+`max_tokens` is always set: vLLM's default is 16. A prompt longer than the model's context makes
+vLLM refuse the whole batch (a ValueError): the batch is split until that prompt alone is rejected. The constrained schema comes from the request
 builder the `openai` backend uses too (`memory.llm.structured.decoding_schema`), so both backends
 decode against the same schema and token limit, and the runner validates and quarantines both alike.
 
@@ -114,11 +115,23 @@ class VLLMBackend(LLMBackend):
             params.append(by_schema[key])
         llm = self.llm
         with _CHAT_LOCKS.setdefault(id(llm), threading.Lock()):  # one batch at a time per engine
-            try:
-                outputs = llm.chat([list(r.messages) for r in requests], sampling_params=params, use_tqdm=False)
-            except Exception as exc:  # the engine failed as a whole, not one request
-                raise LLMError(f"vllm chat failed for a batch of {len(requests)}: {exc}", backend="vllm",
-                               model=self.model) from exc
+            return self._chat(llm, requests, params)
+
+    def _chat(self, llm: Any, requests: list[LLMRequest], params: list[Any]) -> list[LLMResponse]:
+        """One `chat` call; vLLM refuses a whole batch with a ValueError when one prompt does not fit
+        (longer than the model's context): the batch is halved until that prompt stands alone, and it
+        alone is `rejected` (quarantined by the runner) while the others are answered."""
+        try:
+            outputs = llm.chat([list(r.messages) for r in requests], sampling_params=params, use_tqdm=False)
+        except ValueError as exc:
+            if len(requests) == 1:
+                log.warning("vllm rejected a %s prompt: %s", requests[0].task, exc)
+                return [LLMResponse.failure("rejected", f"vllm: {exc}")]
+            half = len(requests) // 2
+            return self._chat(llm, requests[:half], params[:half]) + self._chat(llm, requests[half:], params[half:])
+        except Exception as exc:  # the engine failed as a whole, not one request
+            raise LLMError(f"vllm chat failed for a batch of {len(requests)}: {exc}", backend="vllm",
+                           model=self.model) from exc
         if len(outputs) != len(requests):
             raise LLMError(f"vllm returned {len(outputs)} outputs for {len(requests)} prompts", backend="vllm")
         return [self._response(r, out) for r, out in zip(requests, outputs)]

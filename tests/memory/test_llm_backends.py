@@ -386,6 +386,28 @@ def test_vllm_one_chat_call_per_batch_with_params_per_schema() -> None:
     assert cut.truncated and cut.text == '{"answer"'
 
 
+class ContextLimitedLLM(FakeLLM):
+    """vLLM refuses a whole batch when one prompt is longer than the model's context."""
+
+    def chat(self, messages: Any, sampling_params: Any = None, use_tqdm: bool = True,
+             chat_template: str | None = None, **kwargs: Any) -> list[Any]:
+        if any(len(conv[-1]["content"]) > 20 for conv in messages):
+            self.calls.append({"messages": messages, "refused": True})
+            raise ValueError("The decoder prompt (length 9000) is longer than the maximum model length of 8192.")
+        return super().chat(messages, sampling_params, use_tqdm, chat_template, **kwargs)
+
+
+def test_vllm_one_overlong_prompt_is_rejected_alone() -> None:
+    fake = ContextLimitedLLM()
+    texts = ["a", "b", "c", "x" * 40, "d", "e"]
+    answers, bad = LLMRunner(VLLMBackend(model="m", llm=fake)).run([_request(t) for t in texts])
+    assert answers == [{"answer": t} if len(t) < 20 else None for t in texts]
+    assert len(bad) == 1 and bad[0].raw is None and "maximum model length" in bad[0].reason
+    assert bad[0].request.messages[-1]["content"] == "x" * 40
+    assert len(fake.calls) <= 2 * 3 + 1               # halved down to the one prompt: logarithmic, not one per prompt
+    with pytest.raises(LLMError, match="rejected all"):          # every prompt too long: a configuration problem
+        LLMRunner(VLLMBackend(model="m", llm=ContextLimitedLLM())).run([_request("y" * 30), _request("z" * 30)])
+
 def test_vllm_through_runner_caches_nothing_without_cache() -> None:
     fake = FakeLLM()
     answers, bad = LLMRunner(VLLMBackend(model="m", llm=fake)).run([_request("x"), _request("y")])
