@@ -16,7 +16,7 @@ from memory.dates import local_time, normalize_date
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
 from memory.settings import Settings
-from memory.stages.shard import (SessionWork, ShardState, StageContext, fragment_row, merge_llm,
+from memory.stages.shard import (SessionWork, ShardState, StageContext, fragment_row,
                                  quarantine_work, timed)
 from memory.text import categorize, cites_only, key_phrase, said_by
 
@@ -29,10 +29,9 @@ def extract(state: ShardState, ctx: StageContext) -> ShardState:
     with timed(state, "extract"):
         to_llm = [s for s in state.sessions if s.extracts and not s.observed and s.messages]
         if to_llm:
-            runner = ctx.runner()
-            backend = runner.backend
-            answers, bad = runner.run(extraction_requests(to_llm))
-            merge_llm(state, runner.stats)
+            with ctx.llm(state) as runner:
+                backend = runner.backend
+                answers, bad = runner.run(extraction_requests(to_llm))
             for session, answer in zip(to_llm, answers):
                 if answer is None:
                     continue

@@ -15,7 +15,7 @@ import numpy as np
 
 from memory import prompts
 from memory.ids import make_id
-from memory.stages.shard import (Cluster, Link, ShardState, StageContext, add_rows, all_fragments, merge_llm,
+from memory.stages.shard import (Cluster, Link, ShardState, StageContext, add_rows, all_fragments,
                                  quarantine_work, timed)
 
 
@@ -24,12 +24,11 @@ def reason(state: ShardState, ctx: StageContext) -> ShardState:
     with timed(state, "reason"):
         if state.links:
             fragments = all_fragments(state, ctx.store)
-            runner = ctx.runner()
-            backend = runner.backend
             cap = ctx.settings.reason_max_fragments
             requests = [prompts.reason_request(pair_context(lk, fragments, cap)) for lk in state.links]
-            answers, bad = runner.run(requests)
-            merge_llm(state, runner.stats)
+            with ctx.llm(state) as runner:
+                backend = runner.backend
+                answers, bad = runner.run(requests)
             new_ids = {f["id"] for f in state.fragments}
             for lk, answer in zip(state.links, answers):
                 if answer is not None:

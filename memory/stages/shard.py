@@ -192,10 +192,16 @@ class StageContext:
     def create(cls, store: Store, settings: Settings, run_id: str) -> StageContext:
         return cls(store=store, settings=settings, run_id=run_id, embedder=embedder_for(settings))
 
-    def runner(self) -> LLMRunner:
-        """A new LLM runner (process-wide backend, the store's response cache); its `stats` are this
-        stage's alone, for `merge_llm`."""
-        return runner_for(self.store, self.settings)
+    @contextmanager
+    def llm(self, state: ShardState) -> Iterator[LLMRunner]:
+        """A new LLM runner for a stage's block (process-wide backend, the store's response cache); its
+        counts join the shard's when the block ends, raised or not: a stage retried after a transient
+        error keeps in the run's summary the requests its failed attempt paid for."""
+        runner = runner_for(self.store, self.settings)
+        try:
+            yield runner
+        finally:
+            merge_llm(state, runner.stats)
 
 
 # -- helpers every stage shares ---------------------------------------------------------------------

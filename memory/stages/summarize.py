@@ -43,7 +43,7 @@ from memory.graph import Node, stored_ids, stored_nodes, with_stored
 from memory.ids import make_id
 from memory.read import PROFILE_KEY
 from memory.segments import breakpoints
-from memory.stages.shard import (ShardState, StageContext, add_rows, frame, has_stored, merge_llm, new_nodes,
+from memory.stages.shard import (ShardState, StageContext, add_rows, frame, has_stored, new_nodes,
                                  quarantine_work, replace_user, timed, users_to_update)
 from memory.store import Store
 from memory.text import cites_only, said_by
@@ -180,32 +180,31 @@ def superseded(state: ShardState, ctx: StageContext, user: str, nodes: list[Node
 
 def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> None:
     """The phase batch, then the profile batch; both kinds of rows embedded and added to the shard."""
-    runner = ctx.runner()
-    backend = runner.backend
-    meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
-    requests = [prompts.summarize_request(c) for _, _, phases in plans for c, _ in phases]
-    answers, bad = runner.run(requests)
-    it = iter(answers)
-    new_rows: list[dict[str, Any]] = []
-    profile_plans = []
-    for user, old_rows, phases in plans:
-        mine = []
-        for (c, nodes), answer in zip(phases, it):
-            if answer is not None:
-                mine.append(phase_row(c, nodes, prompts.parse_summary(answer), **meta))
-        new_rows += mine
-        latest = {r["id"]: r for r in old_rows + mine}      # a phase summarized again replaces its row
-        every = sorted(latest.values(), key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
-        if every:
-            profile_plans.append((user, every))
-    for q in bad:
-        user = q.request.context["user_id"]
-        quarantine_work(state, q.row(user, state.run_id, q.request.context["phase_id"]), user, "", "summarize")
-    preq = [prompts.profile_request({"user_id": user, "summaries": [
-        {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]} for r in every]})
-        for user, every in profile_plans]
-    panswers, pbad = runner.run(preq, validate=prompts.validate_profile)
-    merge_llm(state, runner.stats)
+    with ctx.llm(state) as runner:
+        backend = runner.backend
+        meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
+        requests = [prompts.summarize_request(c) for _, _, phases in plans for c, _ in phases]
+        answers, bad = runner.run(requests)
+        it = iter(answers)
+        new_rows: list[dict[str, Any]] = []
+        profile_plans = []
+        for user, old_rows, phases in plans:
+            mine = []
+            for (c, nodes), answer in zip(phases, it):
+                if answer is not None:
+                    mine.append(phase_row(c, nodes, prompts.parse_summary(answer), **meta))
+            new_rows += mine
+            latest = {r["id"]: r for r in old_rows + mine}      # a phase summarized again replaces its row
+            every = sorted(latest.values(), key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
+            if every:
+                profile_plans.append((user, every))
+        for q in bad:
+            user = q.request.context["user_id"]
+            quarantine_work(state, q.row(user, state.run_id, q.request.context["phase_id"]), user, "", "summarize")
+        preq = [prompts.profile_request({"user_id": user, "summaries": [
+            {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]}
+            for r in every]}) for user, every in profile_plans]
+        panswers, pbad = runner.run(preq, validate=prompts.validate_profile)
     state.llm["memweaver_requests"] = state.llm.get("memweaver_requests", 0) + len(requests) + len(preq)
     profiles = [profile_row(user, every, prompts.parse_profile(a), **meta)
                 for (user, every), a in zip(profile_plans, panswers) if a is not None]

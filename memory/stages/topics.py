@@ -37,7 +37,7 @@ from memory import prompts
 from memory.embed import Embedder
 from memory.ids import make_id
 from memory.llm.runner import LLMRunner
-from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows, has_stored, merge_llm,
+from memory.stages.shard import (SessionWork, ShardState, StageContext, add_rows, has_stored,
                                  quarantine_work, timed)
 from memory.store import Store
 from memory.text import key_phrase
@@ -158,65 +158,64 @@ def topics(state: ShardState, ctx: StageContext) -> ShardState:
     if not state.sessions:
         return state
     with timed(state, "topics"):
-        runner = ctx.runner()
-        embedder = ctx.embedder
-        vectors = {(m["user_id"], m["message_id"]): np.asarray(m["vector"], dtype=np.float32)
-                   for m in state.message_rows if m.get("vector") is not None}
-        subjects: dict[tuple[str, str], set[str]] = {}
-        for f in state.fragments:
-            subjects.setdefault((f["user_id"], f["session_id"]), set()).add(f["subject"])
-        for s in state.sessions:  # reopened sessions: messages embedded earlier, topic retries
-            for m in s.messages:
-                if m.get("vector") is not None:
-                    vectors.setdefault((s.user_id, m["message_id"]), m["vector"])
-            if not s.extracts:
-                subjects[(s.user_id, s.session_id)] = set(s.topic_subjects)
+        with ctx.llm(state) as runner:
+            embedder = ctx.embedder
+            vectors = {(m["user_id"], m["message_id"]): np.asarray(m["vector"], dtype=np.float32)
+                       for m in state.message_rows if m.get("vector") is not None}
+            subjects: dict[tuple[str, str], set[str]] = {}
+            for f in state.fragments:
+                subjects.setdefault((f["user_id"], f["session_id"]), set()).add(f["subject"])
+            for s in state.sessions:  # reopened sessions: messages embedded earlier, topic retries
+                for m in s.messages:
+                    if m.get("vector") is not None:
+                        vectors.setdefault((s.user_id, m["message_id"]), m["vector"])
+                if not s.extracts:
+                    subjects[(s.user_id, s.session_id)] = set(s.topic_subjects)
 
-        # 1. D.1.1: one batch for the shard
-        contexts = extraction_contexts(state.sessions, vectors, subjects)
-        answers, bad = runner.run([prompts.topic_extract_request(c) for c in contexts])
-        for q in bad:
-            c = q.request.context
-            quarantine_work(state, q.row(c["user_id"], state.run_id, f"{c['session_id']}/{c['subject']}"),
-                            c["user_id"], c["session_id"], f"topics:{c['subject']}")
-        new: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for tc, answer in zip(contexts, answers):
-            if answer is None:
-                continue
-            items = new.setdefault((tc["user_id"], tc["session_id"]), [])
-            seen = {it["id"] for it in items}
-            for it in prompts.parse_topic_extraction(answer, tc["turns"]):
-                tid = topic_id(tc["user_id"], tc["session_id"], tc["subject"], it["summary"], it["source_ids"])
-                if tid not in seen:
-                    seen.add(tid)
-                    items.append({**it, "id": tid, "subject": tc["subject"]})
+            # 1. D.1.1: one batch for the shard
+            contexts = extraction_contexts(state.sessions, vectors, subjects)
+            answers, bad = runner.run([prompts.topic_extract_request(c) for c in contexts])
+            for q in bad:
+                c = q.request.context
+                quarantine_work(state, q.row(c["user_id"], state.run_id, f"{c['session_id']}/{c['subject']}"),
+                                c["user_id"], c["session_id"], f"topics:{c['subject']}")
+            new: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for tc, answer in zip(contexts, answers):
+                if answer is None:
+                    continue
+                items = new.setdefault((tc["user_id"], tc["session_id"]), [])
+                seen = {it["id"] for it in items}
+                for it in prompts.parse_topic_extraction(answer, tc["turns"]):
+                    tid = topic_id(tc["user_id"], tc["session_id"], tc["subject"], it["summary"], it["source_ids"])
+                    if tid not in seen:
+                        seen.add(tid)
+                        items.append({**it, "id": tid, "subject": tc["subject"]})
 
-        # 2. embed every new summary (and rolled-back bank topics) in one batch
-        banks: dict[str, list[Topic]] = {}
-        stale: list[Topic] = []
-        for user in sorted({s.user_id for s in state.sessions}):
-            banks[user], rolled = (load_bank(ctx.store, user, state.watermarks[user][0]) if has_stored(state, user)
-                                   else ([], []))
-            stale.extend(rolled)
-        flat = [it for items in new.values() for it in items]
-        vecs = embedder.embed([it["summary"] for it in flat] + [t.text for t in stale])
-        for it, v in zip(flat, vecs[:len(flat)]):
-            it["vector"] = v
-        for t, v in zip(stale, vecs[len(flat):]):
-            t.vector = v
+            # 2. embed every new summary (and rolled-back bank topics) in one batch
+            banks: dict[str, list[Topic]] = {}
+            stale: list[Topic] = []
+            for user in sorted({s.user_id for s in state.sessions}):
+                banks[user], rolled = (load_bank(ctx.store, user, state.watermarks[user][0]) if has_stored(state, user)
+                                       else ([], []))
+                stale.extend(rolled)
+            flat = [it for items in new.values() for it in items]
+            vecs = embedder.embed([it["summary"] for it in flat] + [t.text for t in stale])
+            for it, v in zip(flat, vecs[:len(flat)]):
+                it["vector"] = v
+            for t, v in zip(stale, vecs[len(flat):]):
+                t.vector = v
 
-        # 3. D.1.2 in rounds: the r-th pending session of every user
-        by_user: dict[str, list[SessionWork]] = {}
-        for s in state.sessions:
-            by_user.setdefault(s.user_id, []).append(s)
-        for user in by_user:
-            by_user[user].sort(key=lambda s: (s.ts, s.session_id))
-        rounds = max(len(v) for v in by_user.values())
-        for r in range(rounds):
-            todo = [(s, it) for user in sorted(by_user) if r < len(by_user[user])
-                    for s in [by_user[user][r]] for it in new.get((user, s.session_id), [])]
-            _update_round(state, runner, embedder, banks, todo, ctx.settings.topic_merge_threshold)
-        merge_llm(state, runner.stats)
+            # 3. D.1.2 in rounds: the r-th pending session of every user
+            by_user: dict[str, list[SessionWork]] = {}
+            for s in state.sessions:
+                by_user.setdefault(s.user_id, []).append(s)
+            for user in by_user:
+                by_user[user].sort(key=lambda s: (s.ts, s.session_id))
+            rounds = max(len(v) for v in by_user.values())
+            for r in range(rounds):
+                todo = [(s, it) for user in sorted(by_user) if r < len(by_user[user])
+                        for s in [by_user[user][r]] for it in new.get((user, s.session_id), [])]
+                _update_round(state, runner, embedder, banks, todo, ctx.settings.topic_merge_threshold)
 
         rows = [t.row() for bank in banks.values() for t in bank if t.touched]
         if rows:

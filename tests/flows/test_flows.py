@@ -211,6 +211,8 @@ def test_transient_llm_failure_retries_the_stage(prefect_harness: None, no_retry
     (_, first), (_, second) = extract_calls
     assert second == first // 2, "the retry must re-send only the failed requests (the rest is cached)"
     assert result["llm"]["cache_hits"] >= first - first // 2
+    # the summary counts what was sent, the failed attempt's requests too (they were paid for)
+    assert result["llm"]["calls"] == sum(n for _, _, n, _ in _CALLS) == _runs(store)[0]["llm_calls"]
 
     extract_run = _final_task_run(_flow_run_id(state), "extract")
     assert extract_run.run_count == 2 and extract_run.state_type.value == "COMPLETED"
