@@ -219,12 +219,15 @@ def dangling_pointers(store: Store) -> dict[str, list[dict[str, Any]]]:
 
 def clear_dangling(store: Store, found: dict[str, list[dict[str, Any]]]) -> int:
     """Reset the dangling pointers `dangling_pointers` found (the value they closed is current again,
-    as a forget leaves it: `pointers.clear_pointers`), under the writer lease; returns the rows rewritten."""
+    as a forget leaves it: `pointers.clear_pointers`), under the writer lease; returns the rows rewritten.
+    What is still stored nowhere is read again under the lease: the check held none, and a forget it
+    overlapped may have re-derived the rows since (clearing then would reopen a replaced value)."""
     done = 0
     for name, bad in found.items():
         with store.write_lease():
-            rows = store.read_ids(name, [b["id"] for b in bad])
-            done += store.upsert(name, clear_pointers(rows, {n for b in bad for n in b["names"]}))
+            gone = unstored(store, {b["user_id"] for b in bad}, {n for b in bad for n in b["names"]})
+            if ids := [b["id"] for b in bad if gone & set(b["names"])]:
+                done += store.upsert(name, clear_pointers(store.read_ids(name, ids), gone))
     return done
 
 
@@ -316,7 +319,8 @@ def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None
         report.removed = remove_duplicates(store, list(report.duplicates))
     if fix and report.unstored:
         report.terms_stored = store_terms(store, list(report.unstored))
-    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored) | set(report.dangling)
+    if changed := sorted({t for t, n in report.removed.items() if n} | set(report.terms_stored)
+                         | (set(report.dangling) if report.pointers_cleared else set())
                          | ({"sessions"} if report.sessions_remade else set())):
         report.compacted = store.optimize(changed, cleanup_older_than_s=cleanup_older_than_s)
     return report

@@ -14,7 +14,7 @@ not compacted by default either; a table that large would need Lance's own `comp
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import os
 from typing import Iterable
 
 from lancedb.expr import col, lit
@@ -27,11 +27,19 @@ log = logging.getLogger(__name__)
 
 
 def dir_bytes(uri: str) -> int:
-    """Bytes of every file under a local store directory (0 for an object-store URI)."""
+    """Bytes of every file under a local store directory (0 for an object-store URI). A file or folder
+    removed while it is walked (another writer's temporary file, a compaction) counts 0: a measure
+    must not fail the forget it reports on."""
     if not is_local(uri):
         return 0
-    root = Path(uri.removeprefix("file://"))
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+    total = 0
+    for folder, _, files in os.walk(uri.removeprefix("file://")):     # os.walk skips folders gone meanwhile
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def purge(store: Store, touched: Iterable[str]) -> list[str]:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from memory import schemas
-from memory.doctor import check, duplicate_ids, missing_sources, remove_duplicates, session_mismatches, unstored_terms
+from memory.doctor import check, clear_dangling, dangling_pointers, duplicate_ids, missing_sources, remove_duplicates, session_mismatches, unstored_terms
 from memory.store import Store
 from retrieval.index import load_user
 
@@ -150,9 +150,11 @@ def test_validity_naming_a_row_stored_nowhere_is_reported_and_cleared_by_fix(sam
     assert closed, "the sample has a superseded fragment"
     victim = {**closed[0], "superseded_by": "gone-row", "valid_until": "2024-03-19T20:10:00+00:00"}
     sample_store.upsert("fragments", [victim])
+    version = sample_store.version("fragments")
     report = check(sample_store)
     assert report.dangling == {"fragments": [{"id": victim["id"], "user_id": victim["user_id"],
                                               "names": ["gone-row"]}]} and not report.ok
+    assert report.compacted == [] and sample_store.version("fragments") == version   # a check writes nothing
     res = doctor(sample_store)
     assert res.exit_code == 1 and "1 rows whose validity names a row stored nowhere" in res.output, res.output
     fixed = doctor(sample_store, "--fix")
@@ -162,3 +164,18 @@ def test_validity_naming_a_row_stored_nowhere_is_reported_and_cleared_by_fix(sam
     others = {r["id"]: r["superseded_by"] for r in closed[1:]}
     assert {r["id"]: r["superseded_by"] for r in sample_store.read_ids("fragments", others).to_pylist()} == others
     assert check(sample_store).ok
+
+
+def test_fix_clears_only_what_is_still_stored_nowhere(sample_store: Store) -> None:
+    """`--fix` acts after its check, which holds no lease: a row the check found stored nowhere and a
+    forget re-derived since is stored again, and the pointer naming it stays (clearing it would have
+    made a replaced value current beside its replacement)."""
+    closed = [r for r in sample_store.read("fragments").to_pylist() if r["superseded_by"]]
+    victim = {**closed[0], "superseded_by": "re-derived", "valid_until": "2024-03-19T20:10:00+00:00"}
+    sample_store.upsert("fragments", [victim])
+    found = dangling_pointers(sample_store)
+    assert [b["names"] for b in found["fragments"]] == [["re-derived"]]
+    sample_store.upsert("fragments", [{**closed[0], "id": "re-derived", "superseded_by": None,
+                                       "valid_until": None}])               # what the forget wrote meanwhile
+    assert clear_dangling(sample_store, found) == 0
+    assert sample_store.read_ids("fragments", [victim["id"]]).to_pylist()[0]["superseded_by"] == "re-derived"

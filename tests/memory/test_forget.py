@@ -4,6 +4,7 @@ crash-safe, refused during a run, and the LLM cache purged through its reverse i
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -444,3 +445,22 @@ def test_a_forget_killed_after_deleting_the_messages_leaves_no_pointer_to_them(
 def test_the_summary_says_what_the_store_size_did(before: int, after: int, says: str) -> None:
     report = ForgetReport(run_id="r", user_id="alice", scope={}, bytes_before=before, bytes_after=after, purged=True)
     assert says in report.summary() and report.to_dict()["bytes_reclaimed"] == before - after
+
+
+def test_store_bytes_skip_a_file_removed_while_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forget's before/after size walks the store while other writers work: a file removed between
+    the listing and its stat (a writer's temporary file) counts 0 instead of failing the forget."""
+    from memory import forget_purge
+
+    (tmp_path / "t.lance").mkdir()
+    (tmp_path / "t.lance" / "kept.bin").write_bytes(b"x" * 10)
+    (tmp_path / "t.lance" / ".tmp-gone").write_bytes(b"y" * 5)
+    real = os.stat
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(".tmp-gone"):
+            raise FileNotFoundError(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(forget_purge.os, "stat", stat)
+    assert forget_purge.dir_bytes(str(tmp_path)) == 10
