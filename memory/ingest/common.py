@@ -114,7 +114,8 @@ def _utc(dt: datetime) -> datetime:
 
 
 def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
-    """ISO 8601 (or `fmt`, then dateparser as a fallback) to an aware UTC datetime; None if unparsable."""
+    """ISO 8601 (or `fmt`, then dateparser as a fallback for a whole date written otherwise) to an aware
+    UTC datetime; None if unparsable."""
     if isinstance(value, datetime):
         try:
             return _utc(value)
@@ -132,7 +133,11 @@ def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
     import dateparser
 
     try:
-        parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True})
+        # a whole date only: a relative or partial one ("yesterday", "May 20", "20") would be read from
+        # today's clock, so the stored time would depend on the day of the ingest
+        parsed = dateparser.parse(text, settings={"TIMEZONE": "UTC", "RETURN_AS_TIMEZONE_AWARE": True,
+                                                  "PARSERS": ["absolute-time"],
+                                                  "REQUIRE_PARTS": ["day", "month", "year"]})
         return _utc(parsed) if parsed else None
     except (OverflowError, ValueError):   # its own time zone shift can leave years 1-9999 too
         return None

@@ -143,6 +143,23 @@ def test_locomo_small_file_quarantines_bad_observations_and_dates(tmp_path: Path
     assert all(r["stage"] == "ingest" and r["source"].startswith("mini_locomo.json:") for r in q.values())
 
 
+
+@pytest.mark.parametrize("when", ["yesterday", "May 20", "20", "3 days ago", "June 2023", "1690000000"])
+def test_a_session_date_read_from_todays_clock_is_quarantined(tmp_path: Path, store: Store, when: str) -> None:
+    """A LoCoMo session time that is not a whole date is unparsable, not read relative to the day of
+    the ingest (dateparser's fallback made "yesterday" the day before the ingest, "May 20" this year's);
+    a whole date written otherwise still reads."""
+    sample = {"sample_id": "conv-y", "conversation": {
+        "speaker_a": "Ann", "speaker_b": "Ben",
+        "session_1_date_time": when, "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "Hi"}],
+        "session_2_date_time": "27 June 2023, 10:37", "session_2": [{"speaker": "Ben", "dia_id": "D2:1", "text": "Yo"}]}}
+    path = tmp_path / "dates_locomo.json"
+    path.write_text(json.dumps([sample]))
+    report = ingest(store, path, "locomo")
+    assert report.reasons == {f"unparsable timestamp: {when!r}": 1}
+    assert [(r["message_id"], r["ts"]) for r in store.read("messages", "conv-y").to_pylist()] == \
+        [("D2:1", datetime(2023, 6, 27, 10, 37, tzinfo=UTC))]
+
 # -- LongMemEval ---------------------------------------------------------------------------------
 def test_longmemeval(tmp_path: Path, store: Store) -> None:
     items = [
