@@ -21,7 +21,7 @@ from lancedb.expr import col, lit
 
 from memory.lease import is_local
 from memory.store import Store
-from memory.units import HIDDEN
+from memory.units import HIDDEN, UNITS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def purge(store: Store, touched: Iterable[str]) -> list[str]:
     touched = set(touched)
     done = []
     for name in store.table_names():
-        if name in HIDDEN:   # the commit marker and lease rows: no data, and in use
+        if name in HIDDEN and name != UNITS:   # lease rows: in use by other processes' lease attempts
             continue
         with store.write_lease():   # the nudge and the compaction: one hold
             if name in touched:

@@ -21,6 +21,7 @@ from memory.lease import run_lease
 from memory.nightly import pending_users
 from memory.settings import Settings
 from memory.store import Store
+from memory.units import UNITS
 
 if TYPE_CHECKING:
     from memory.stages.shard import ShardState
@@ -177,7 +178,10 @@ WRITTEN = ("messages", "fragments", "clusters", "links", "insights", "quarantine
 def compact(store: Store, settings: Settings, tables: Iterable[str] = WRITTEN, *, always: bool = False) -> str:
     """Compact after a run: every one of `tables` with more than `settings.compact_max_fragments` data
     fragments (every table, `always`: after a backfill), deleting versions created over
-    `settings.cleanup_older_than_s` ago. Returns the line the run prints: data files per table, bytes."""
+    `settings.cleanup_older_than_s` ago; the commit marker's old versions too (`units`: one row in one
+    fragment, but a version and a file per unit published, and every snapshot reads the table). Returns
+    the line the run prints: data files per table, bytes."""
+    store.optimize([UNITS], min_fragments=0, cleanup_older_than_s=settings.cleanup_older_than_s)
     done = store.optimize(None if always else tables, min_fragments=0 if always else settings.compact_max_fragments,
                           cleanup_older_than_s=settings.cleanup_older_than_s)
     return files_line(store.data_files(), done)

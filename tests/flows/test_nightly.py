@@ -92,8 +92,10 @@ def test_compaction_keeps_data_files_bounded(tmp_path: Path) -> None:
         assert "data files" in report.compaction
     files = store.data_files()
     assert files["messages"][0] <= 4 and files["fragments"][0] <= 4 and files["runs"][0] <= 4, files
-    on_disk = len(list((tmp_path / "s" / "messages.lance" / "data").iterdir()))
-    assert on_disk <= 5, on_disk                                  # old versions' files were cleaned up
+    assert files["units"][0] <= 4, files                          # the commit marker: a file per unit published
+    for table in ("messages", "units"):
+        on_disk = len(list((tmp_path / "s" / f"{table}.lance" / "data").iterdir()))
+        assert on_disk <= 5, (table, on_disk)                     # old versions' files were cleaned up
     assert store.read("messages").num_rows == 20
 
 

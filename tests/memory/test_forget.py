@@ -93,6 +93,7 @@ def test_forget_message_purges_every_byte(canary_store: Path, tmp_path: Path) ->
     assert report.deleted["fragments"] >= 1 and report.rederived["fragments"] > 0
     assert occurrences(root, CANARY) == 0 and occurrences(root, CANARY.lower()) == 0
     assert occurrences(root, BOB_CANARY) > 0
+    assert len(list((root / "units.lance" / "data").iterdir())) == 1   # the commit marker's history purged too
     provenance_ok(store, {"alice-s1-m03"})
     again = forget(store, s, "alice", messages=["alice-s1-m03"])     # idempotent
     assert again.messages == 0 and not any(again.deleted.values()) and not again.rederived
