@@ -15,7 +15,8 @@ from memory.prompts.common import chat
 from memory.prompts.memweaver import (PROFILE_MAX_WORDS, PROFILE_SCHEMA, PROFILE_SYSTEM, PROFILE_TASK,
                                       PROFILE_VERSION, SUMMARIZE_SCHEMA, SUMMARIZE_SYSTEM, SUMMARIZE_TASK,
                                       SUMMARIZE_VERSION, parse_profile, parse_summary, profile_request,
-                                      summarize_request, validate_profile)
+                                      summarize_request, validate_profile,
+                                      validate_summary)
 from memory.prompts.premem import (CATEGORY_KEYS, DATE_PATTERN, EXTRACT_SCHEMA, EXTRACT_SYSTEM, EXTRACT_VERSION,
                                    INFERENCE_ALIASES, REASON_SCHEMA, REASON_SYSTEM, REASON_VERSION,
                                    extract_request, parse_extraction, parse_reasoning, reason_request)
@@ -37,5 +38,5 @@ __all__ = [
     # MemWeaver
     "SUMMARIZE_VERSION", "PROFILE_VERSION", "PROFILE_MAX_WORDS", "SUMMARIZE_SYSTEM", "SUMMARIZE_TASK",
     "PROFILE_SYSTEM", "PROFILE_TASK", "SUMMARIZE_SCHEMA", "PROFILE_SCHEMA", "summarize_request",
-    "profile_request", "validate_profile", "parse_summary", "parse_profile",
+    "profile_request", "validate_summary", "validate_profile", "parse_summary", "parse_profile",
 ]

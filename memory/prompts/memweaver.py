@@ -11,7 +11,7 @@ from memory.prompts.common import chat
 
 __all__ = ["SUMMARIZE_VERSION", "PROFILE_VERSION", "PROFILE_MAX_WORDS", "SUMMARIZE_SYSTEM", "SUMMARIZE_TASK",
            "PROFILE_SYSTEM", "PROFILE_TASK", "SUMMARIZE_SCHEMA", "PROFILE_SCHEMA", "summarize_request",
-           "profile_request", "validate_profile", "parse_summary", "parse_profile"]
+           "profile_request", "validate_summary", "validate_profile", "parse_summary", "parse_profile"]
 
 SUMMARIZE_VERSION = "memweaver-local-v1"
 PROFILE_VERSION = "memweaver-global-v1"
@@ -64,9 +64,18 @@ def profile_request(ctx: dict[str, Any]) -> LLMRequest:
                       messages=chat(PROFILE_SYSTEM, user), schema=PROFILE_SCHEMA, context=ctx)
 
 
+def validate_summary(answer: dict[str, Any]) -> None:
+    """The runner's extra check on a Table 4 answer: some text, not only whitespace (which the schema's
+    minLength lets by; else InvalidAnswerError: asked again, then quarantined)."""
+    if not answer["summary"].strip():
+        raise InvalidAnswerError("the summary is empty")
+
+
 def validate_profile(answer: dict[str, Any]) -> None:
-    """The runner's extra check on a Table 5 answer: at most 300 words (else InvalidAnswerError)."""
+    """The runner's extra check on a Table 5 answer: some text, at most 300 words (else InvalidAnswerError)."""
     n = len(answer["profile"].split())
+    if not n:
+        raise InvalidAnswerError("the profile is empty")
     if n > PROFILE_MAX_WORDS:
         raise InvalidAnswerError(f"the profile has {n} words; at most {PROFILE_MAX_WORDS} are allowed",
                                  words=n, max_words=PROFILE_MAX_WORDS)

@@ -150,17 +150,28 @@ def extract_request(session: dict[str, Any]) -> LLMRequest:
 
 
 def parse_extraction(answer: dict[str, Any], message_ids: set[str]) -> list[dict[str, Any]]:
-    """Schema-valid extraction answer -> fragment dicts; items citing unknown message ids are dropped."""
+    """Schema-valid extraction answer -> fragment dicts; items citing unknown message ids, with a
+    subject, key or value of whitespace only, or a date no calendar has ("2024-02-30") are dropped."""
     out = []
     for cat_key, category in CATEGORY_KEYS.items():
         for item in answer.get(cat_key, []):
-            if item["message_id"] not in message_ids:
+            if item["message_id"] not in message_ids or not _real_date(item["date"]) \
+                    or not all(item[k].strip() for k in ("subject", "key", "value")):
                 continue
             out.append({
                 "subject": item["subject"].strip(), "category": category, "key": item["key"].strip(),
                 "content": item["value"].strip(), "date": item["date"], "source_ids": [item["message_id"]],
             })
     return out
+
+
+def _real_date(text: str) -> bool:
+    """Whether a schema-valid date ("[Before |After ]YYYY-MM-DD") names a day that exists."""
+    try:
+        date.fromisoformat(text.split()[-1])
+    except ValueError:
+        return False
+    return True
 
 
 def _fragment_line(f: dict[str, Any], ref: int) -> str:
@@ -182,12 +193,14 @@ def reason_request(pair: dict[str, Any]) -> LLMRequest:
 def parse_reasoning(answer: dict[str, Any]) -> list[dict[str, Any]]:
     """Schema-valid reasoning answer -> insight dicts with the short inference type names; a
     transformation naming the fragment it supersedes keeps both 1-based positions (`supersedes`,
-    `superseded_by`: indexes into the pair's earlier + later fragments)."""
+    `superseded_by`: indexes into the pair's earlier + later fragments); items of whitespace only are dropped."""
     out = []
     for item in answer["extended_insight"]:
         row: dict[str, Any] = {"inference_type": INFERENCE_ALIASES[item["inference_type"].lower()],
                                "key": item["key"].strip(), "content": item["value"].strip(),
                                "date": item["date"].strip()}
+        if not all(row[k] for k in ("key", "content", "date")):
+            continue                                  # whitespace only: the schema's minLength lets it by
         old, new = item.get("supersedes"), item.get("superseded_by")
         if row["inference_type"] == "transformation" and old and new and old != new:
             row["supersedes"], row["superseded_by"] = int(old[1:]), int(new[1:])

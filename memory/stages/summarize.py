@@ -184,7 +184,7 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
         backend = runner.backend
         meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
         requests = [prompts.summarize_request(c) for _, _, phases in plans for c, _ in phases]
-        answers, bad = runner.run(requests)
+        answers, bad = runner.run(requests, validate=prompts.validate_summary)
         it = iter(answers)
         new_rows: list[dict[str, Any]] = []
         profile_plans = []

@@ -176,6 +176,23 @@ def test_extract_answer():
     assert len(parsed) == len(items)
 
 
+def test_parsing_drops_items_of_whitespace_or_impossible_dates() -> None:
+    """What the schema lets by but means nothing: a subject, key or value of whitespace only (minLength
+    counts it), a day no calendar has (the date pattern checks digits only), a blank insight."""
+    good = {"subject": "Ann", "key": "pet", "value": "Ann has a cat", "message_id": "m1", "date": "2024-02-29"}
+    answer = {"Factual_Information": [good, {**good, "subject": " "}, {**good, "value": "\n"},
+                                      {**good, "date": "2024-02-30"}, {**good, "date": "Before 2023-13-01"}],
+              "Experiential_Information": [{**good, "key": "\t", "date": "After 2024-03-01"}],
+              "Subjective_Information": []}
+    assert [(f["content"], f["date"]) for f in prompts.parse_extraction(answer, {"m1"})] == \
+        [("Ann has a cat", "2024-02-29")]
+    insights = prompts.parse_reasoning({"extended_insight": [
+        {"inference_type": "connection", "key": "pets", "date": "2024", "value": "Ann likes cats"},
+        {"inference_type": "connection", "key": " ", "date": "2024", "value": "blank key"},
+        {"inference_type": "connection", "key": "pets", "date": "2024", "value": "  "}]})
+    assert [i["content"] for i in insights] == ["Ann likes cats"]
+
+
 def test_extract_empty_and_odd_sessions():
     assert _extract(_session([])) == {"Factual_Information": [], "Experiential_Information": [],
                                       "Subjective_Information": []}

@@ -59,6 +59,12 @@ def test_prompts_follow_tables_4_and_5() -> None:
     assert "Cluster 1: S1" in preq.messages[1]["content"] and "max 300 words" in preq.messages[1]["content"]
     with pytest.raises(ValueError):
         prompts.validate_profile({"profile": "word " * 301})
+    for blank in (" ", "\n\t"):              # the schema's minLength lets whitespace by: asked again, not stored
+        with pytest.raises(ValueError, match="empty"):
+            prompts.validate_profile({"profile": blank})
+        with pytest.raises(ValueError, match="empty"):
+            prompts.validate_summary({"summary": blank})
+    prompts.validate_summary({"summary": "Ann hikes."})
 
 
 def test_rules_summaries_are_extractive() -> None:
