@@ -26,7 +26,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.ephemeral import reap_orphans, start_recorded
 from memory.embed import check_embedder, embedder_for
-from memory.errors import LLMTransientError
+from memory.errors import ConfigError, LLMTransientError
 from memory.ingest import ingest
 from memory.lease import run_lease
 from memory.pipeline import has_work
@@ -121,6 +121,27 @@ def task_runner_for(settings: Settings) -> Any:
         return DaskTaskRunner(cluster_kwargs={"n_workers": n, "processes": True, "threads_per_worker": 1,
                                               "dashboard_address": None})
     return _threads(settings.max_workers)
+
+
+def check_scheduler(address: str, timeout_s: float | None = None) -> None:
+    """Connect once to the Dask scheduler at `address` (within `timeout_s`, default Dask's
+    `distributed.comm.timeouts.connect`, 30 s) before Prefect starts: one the runner cannot reach is a
+    `ConfigError` naming it, not a flow that fails inside Prefect with a long traceback."""
+    import asyncio
+
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    async def probe() -> None:   # with the TLS settings of Dask's config, as the runner's Client connects
+        comm = await connect(address, timeout=timeout_s, **Security().get_connection_args("client"))
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:   # refused, timed out, a scheme Dask does not
+        # know, tls:// without Dask's TLS settings (the runner's Client would fail alike, inside the flow)
+        raise ConfigError(f"cannot reach the Dask scheduler at {address}: {exc}; check --dask-address / "
+                          "MNEMO_DASK_ADDRESS", address=address) from None
 
 
 def _shard_result(chain: list[Any]) -> ShardState:
@@ -242,8 +263,11 @@ def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
 
     Takes the store's run lease first (`RunInProgressError` while another run holds it, before
     Prefect starts anything), then stops temporary Prefect servers left by killed runs and starts
-    (and records) this process's own."""
+    (and records) this process's own. A Dask scheduler (`dask_address`) is reached first, before the
+    lease (`check_scheduler`)."""
     flows: dict[str, Any] = {"consolidate": consolidate_flow, "backfill": backfill_flow}
+    if settings.dask_address:
+        check_scheduler(settings.dask_address)
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         reap_orphans()
         start_recorded()

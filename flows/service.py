@@ -13,6 +13,7 @@ import logging
 from fastapi import FastAPI
 
 from flows import api_append, api_forget
+from memory.errors import ConfigError
 from memory.settings import Settings
 from retrieval.guard import open_without_key
 from retrieval.retriever import Retriever
@@ -34,7 +35,9 @@ def create_app(retriever: Retriever, settings: Settings | None = None) -> FastAP
 def serve(retriever: Retriever, host: str, port: int, settings: Settings | None = None) -> None:
     """Run the whole service with uvicorn until interrupted, BLAS and torch single-threaded (requests
     run in parallel threads; one query's matrix products and its embedding are too small to gain from
-    a pool, and torch's pool stalls a query embedding for ~1 s on a busy machine)."""
+    a pool, and torch's pool stalls a query embedding for ~1 s on a busy machine). An address that
+    cannot be bound (a port in use) is a `ConfigError` naming it: uvicorn would exit 3, the code of a
+    consolidation that set LLM work aside."""
     import torch
     import uvicorn
     from threadpoolctl import threadpool_limits
@@ -50,7 +53,15 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
     # everything loaded so far (the model, the libraries: ~0.5 M objects) is moved out of the collector's
     # reach: a full collection would otherwise scan it all, stopping every request for 0.2-0.4 s
     gc.freeze()
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    try:
+        server.run()
+    except SystemExit:   # uvicorn's exit when it cannot bind (it logged why: the OSError's one line)
+        if server.started:
+            raise
+        raise ConfigError(f"cannot serve on {host}:{port}: the address is in use or cannot be bound (see the "
+                          "log line above); choose another --host / --port (MNEMO_RETRIEVAL_HOST, "
+                          "MNEMO_RETRIEVAL_PORT)", host=host, port=port) from None
 
 
 def configure_writes(retriever: Retriever, settings: Settings | None = None) -> None:

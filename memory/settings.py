@@ -18,11 +18,14 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from memory.schemas import MEMORY_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,40 @@ def _not_blank(key: SecretStr) -> SecretStr:
 ApiKey = Annotated[SecretStr, AfterValidator(_not_blank)]
 
 
+def _store_given(uri: str) -> str:
+    """A store that is set must name one: `MNEMO_STORE=` would otherwise be the current folder."""
+    if not uri.strip():
+        raise ValueError("the store is set but blank; give a directory or URI (--store, MNEMO_STORE), or "
+                         "unset MNEMO_STORE for ./memstore")
+    return uri
+
+
+#: a store directory or URI: blank values are refused rather than read as the current folder
+StoreUri = Annotated[str, AfterValidator(_store_given)]
+
+#: the devices the torch embedder runs on
+DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
+
+
+def _known_device(device: str) -> str:
+    """A torch device the embedder can run on (torch would fail only when the model first loads)."""
+    if not DEVICE.fullmatch(device):
+        raise ValueError(f"unknown device {device!r} (known: cpu, cuda, cuda:N, mps)")
+    return device
+
+
+def _known_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Memory kinds some table holds (`memory.schemas.MEMORY_TABLES`), at least one: an unknown kind
+    would be searched nowhere and every query would answer no memories."""
+    known = ", ".join(MEMORY_TABLES)
+    if not kinds:
+        raise ValueError(f"no memory kind given; name some of: {known}")
+    unknown = [k for k in kinds if k not in MEMORY_TABLES]
+    if unknown:
+        raise ValueError(f"unknown memory kinds {unknown[:5]} (known: {known})")
+    return kinds
+
+
 class RetrievalSettings(BaseModel):
     """Every knob of the online retriever: the `retrieval` section of `Settings`
     (environment variables `MNEMO_RETRIEVAL_*`)."""
@@ -53,9 +90,9 @@ class RetrievalSettings(BaseModel):
     # what a plain call does
     default_strategy: str = Field("rfmem-hybrid", description="strategy used when none is asked for")
     k: int = Field(10, ge=1, le=200, description="items returned by default")
-    kinds: tuple[str, ...] = Field(("message", "fragment", "insight", "topic"),
-                                   description="memory kinds searched by default (`mnemo bench rerank` measures "
-                                   "what topics add)")
+    kinds: Annotated[tuple[str, ...], AfterValidator(_known_kinds)] = Field(
+        ("message", "fragment", "insight", "topic"), description="memory kinds searched by default (known: "
+        "memory.schemas.MEMORY_TABLES; `mnemo bench rerank` measures what topics add)")
 
     # RF-Mem probe and gate (paper §2.1, Appendix B)
     probe_k: int = Field(10, ge=2, description="probe size k_p (the paper uses K)")
@@ -115,9 +152,9 @@ class RetrievalSettings(BaseModel):
                            "counterpart, and context() shows history and contradictions (retrieval.validity; "
                            "`mnemo bench updates` measures it)")
     calibration_samples: int = Field(256, ge=8, description="memories used as pseudo-queries to calibrate")
-    calib_high_q: float = Field(0.75, description="θ_high = this quantile of the store's probe means")
-    calib_low_q: float = Field(0.25, description="θ_low = this quantile of the store's probe means")
-    calib_tau_q: float = Field(0.5, description="τ = this quantile of the store's probe entropies")
+    calib_high_q: float = Field(0.75, ge=0.0, le=1.0, description="θ_high = this quantile of the store's probe means")
+    calib_low_q: float = Field(0.25, ge=0.0, le=1.0, description="θ_low = this quantile of the store's probe means")
+    calib_tau_q: float = Field(0.5, ge=0.0, le=1.0, description="τ = this quantile of the store's probe entropies")
     calib_shift: float = Field(0.0, description="subtracted from pseudo-query means (memory vs question gap)")
 
     # RMM retrospective reflection (Tan et al. §6, Appendix A.1): top-K = 20 -> top-M = 5
@@ -153,7 +190,7 @@ class RetrievalSettings(BaseModel):
     max_k: int = 200
     context_tokens: int = Field(1500, ge=1, description="default token budget of res.context()")
     host: str = "127.0.0.1"
-    port: int = 8765
+    port: int = Field(8765, ge=1, le=65535)
     api_key: ApiKey | None = Field(None, description="`MNEMO_API_KEY`: when set, /v1 calls "
                                       "need `Authorization: Bearer <key>`")
     # appends (memory.ingest.append, POST /v1/users/{user_id}/messages, the MCP append tool)
@@ -173,9 +210,10 @@ class RetrievalSettings(BaseModel):
                                 "feedback, forget) waits for the store's write lease before HTTP 503")
 
     def with_overrides(self, **overrides: Any) -> "RetrievalSettings":
-        """A copy with the non-None overrides applied."""
+        """A copy with the non-None overrides applied, validated (a value out of its field's range raises
+        pydantic's ValidationError, as loading it from the environment would)."""
         clean = {k: v for k, v in overrides.items() if v is not None}
-        return self.model_copy(update=clean)
+        return self.model_validate({**self.model_dump(), **clean})
 
 
 class Settings(BaseModel):
@@ -183,13 +221,14 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    store: str = Field("./memstore", description="LanceDB directory or object-store URI")
+    store: StoreUri = Field("./memstore", description="LanceDB directory or object-store URI")
 
     # embedder
     embedder: str = "sentence-transformers"
     embed_model: str = Field("", description="model name or path; empty = packaged all-MiniLM-L6-v2")
-    embed_batch_size: int = 64
-    embed_device: str = "cpu"
+    embed_batch_size: int = Field(64, ge=1)
+    embed_device: Annotated[str, AfterValidator(_known_device)] = Field("cpu", description="torch device: "
+                                                                        "cpu, cuda, cuda:N or mps")
     embed_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
         "torch", description="how the sentence-transformers model runs: torch, or ONNX Runtime on CPU (`onnx`, "
         "`onnx-int8` = int8 dynamic quantization), exported once from the local model into embed_cache_dir "
@@ -204,9 +243,9 @@ class Settings(BaseModel):
     llm_api_key: SecretStr | None = None
     llm_concurrency: int = Field(8, ge=1, description="requests one stage's batch keeps in flight (per shard: "
                                  "shards that run at once, in threads or Dask workers, each keep as many)")
-    llm_timeout_s: float = 120.0
-    llm_max_retries: int = 3
-    llm_max_tokens: int = 2048
+    llm_timeout_s: float = Field(120.0, gt=0)
+    llm_max_retries: int = Field(3, ge=0)
+    llm_max_tokens: int = Field(2048, ge=1)
     llm_temperature: float = 0.0
     max_llm_attempts: int = Field(3, ge=1, description="runs that may try a quarantined piece of LLM work "
                                   "(a session's extraction or topics, a user's summaries) before it is given up")
@@ -239,8 +278,8 @@ class Settings(BaseModel):
                                         "longest read")
 
     # orchestration
-    shard_size: int = 8
-    max_workers: int = 2
+    shard_size: int = Field(8, ge=1)
+    max_workers: int = Field(2, ge=1)
     task_runner: Literal["threads", "dask"] = "threads"
     dask_local: int = Field(0, ge=0, description="local Dask workers (0: no Dask)")
     dask_address: str | None = None

@@ -158,6 +158,7 @@ class Retriever:
         self._warned_no_reranker = False
         if self.settings.default_strategy not in STRATEGIES:
             raise UnknownStrategyError(self.settings.default_strategy)
+        check_kinds(self.settings.kinds)   # settings copied with `model_copy(update=...)` skip their validators
 
     @classmethod
     def open(cls, store: str | Store, settings: Settings | None = None, *,

@@ -74,9 +74,11 @@ class MnemoGroup(TyperGroup):
             _fail(f"{exc.format_message()} (see `{where} --help`)")
 
 
+#: help is plain text (rich_markup_mode=None): with rich markup on, a note in brackets such as
+#: "[env MNEMO_STORE, default ./memstore]" would be read as a markup tag and vanish from --help
 app = typer.Typer(cls=MnemoGroup, help="mnemo: long-term memory for LLM assistants.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
-bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+                  pretty_exceptions_enable=False, rich_markup_mode=None)
+bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True, rich_markup_mode=None)
 
 
 @app.callback()

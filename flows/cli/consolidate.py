@@ -103,7 +103,9 @@ def backfill(
 ) -> None:
     """Ingest and consolidate a whole archive, sharded; run it again to resume after a crash."""
     from flows.consolidate import run_flow
+    from memory.ingest.validate import checked_path
 
+    checked_path(path, fmt, user)   # one line, before Prefect starts or the run lease makes the store's folder
     settings = settings_of(ctx).with_overrides(llm=llm, llm_model=llm_model, dask_local=dask_local,
                                                dask_address=dask_address)
     result = run_flow("backfill", settings, path=path, fmt=fmt, observations_as_fragments=observations_as_fragments,

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from memory.errors import ConfigError
+from memory.schemas import SCHEMAS
 from memory.settings import Settings
 
 #: progress bars and errors go to stderr, results to stdout
@@ -38,18 +39,24 @@ def settings_of(ctx: typer.Context) -> Settings:
 
 
 def existing_store(settings: Settings) -> Settings:
-    """`settings`, when their store exists (a local path; a URI is taken as given): a nightly job whose
-    --store or MNEMO_STORE is mistyped must fail, not make an empty store and succeed every night."""
+    """`settings`, when their store exists (a local path holding mnemo tables; a URI is taken as given):
+    a nightly job whose --store or MNEMO_STORE is mistyped must fail, not make an empty store and
+    succeed every night, nor forget "0 messages" of a folder that holds none."""
     uri = settings.store
     if not store_exists(uri):
-        raise ConfigError(f"no store at {uri}: `mnemo ingest` or `mnemo backfill` makes one; check --store / "
+        what = " (the folder holds no mnemo tables)" if Path(uri).exists() else ""
+        raise ConfigError(f"no store at {uri}{what}: `mnemo ingest` or `mnemo backfill` makes one; check --store / "
                           "MNEMO_STORE", store=uri)
     return settings
 
 
 def store_exists(uri: str) -> bool:
-    """Whether a store may be at `uri`: a local path that exists, or any URI (taken as given)."""
-    return "://" in uri or Path(uri).exists()
+    """Whether a store may be at `uri`: any URI (taken as given), or a local folder holding at least one
+    mnemo table (`<table>.lance`, `memory.schemas.SCHEMAS`); an empty or unrelated folder is no store."""
+    if "://" in uri:
+        return True
+    root = Path(uri)
+    return root.is_dir() and any((root / f"{name}.lance").is_dir() for name in SCHEMAS)
 
 
 def csv(value: str | None) -> list[str]:

@@ -1,6 +1,7 @@
 """`mnemo stats`, `mnemo profile USER`, `mnemo graph USER --html FILE` and `mnemo doctor [--fix]`:
 looking at what the store holds (counts per user and kind, MemWeaver's profile and phases, the memory
-graph) and checking it (duplicate ids, rows whose source messages are missing; `memory.doctor`)."""
+graph) and checking it (duplicate ids, missing sources, session rows, unfinished forgets, dangling
+validity: `memory.doctor`)."""
 from __future__ import annotations
 
 import json
@@ -75,13 +76,17 @@ def graph(
 
 def doctor(
     ctx: typer.Context,
-    fix: bool = typer.Option(False, "--fix", help="remove duplicate rows, keeping one copy of each id, and "
-                             "store the BM25 terms of rows an older mnemo wrote, then compact the tables "
+    fix: bool = typer.Option(False, "--fix", help="remove duplicate rows (one copy of each id kept), store the "
+                             "BM25 terms of rows an older mnemo wrote, remake session rows from their messages "
+                             "and clear validity pointers naming a row stored nowhere, then compact the tables "
                              "it rewrote"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
-    """Report duplicate ids per table, rows whose source messages are missing, and rows without stored
-    BM25 terms; exit 1 when a problem remains (after --fix, only missing sources can)."""
+    """Report duplicate ids per table, rows whose source messages are missing, rows without stored BM25
+    terms, session rows disagreeing with their messages, forget runs left unfinished (`mnemo forget
+    USER` finishes them) and validity naming a row stored nowhere. Exit 1 when a problem remains: after
+    --fix, missing sources and unfinished forgets still do (rows without terms are no problem, only
+    slower)."""
     from memory.doctor import check
     from memory.runs import open_store
 

@@ -15,8 +15,9 @@ TRANSPORTS = ("stdio", "http")
 def mcp(
     ctx: typer.Context,
     transport: str = typer.Option("stdio", "--transport", help="stdio | http (streamable HTTP at /mcp)"),
-    host: Optional[str] = typer.Option(None, "--host", help="bind address for http [default 127.0.0.1]"),
-    port: Optional[int] = typer.Option(None, "--port", help="port for http [default 8766]"),
+    host: Optional[str] = typer.Option(None, "--host", help="bind address for http [default: "
+                                       "MNEMO_RETRIEVAL_HOST, 127.0.0.1]"),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="port for http [default 8766]"),
 ) -> None:
     """Serve the memory as MCP tools, each scoped to the user id it is given."""
     from flows.cli.retrieve import open_retriever

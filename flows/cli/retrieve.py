@@ -65,21 +65,23 @@ def retrieve(
 
 def serve(
     ctx: typer.Context,
-    host: Optional[str] = typer.Option(None, "--host", help="bind address [default 127.0.0.1]"),
-    port: Optional[int] = typer.Option(None, "--port", help="port [default 8765]"),
+    host: Optional[str] = typer.Option(None, "--host", help="bind address [default: MNEMO_RETRIEVAL_HOST, "
+                                       "127.0.0.1]"),
+    port: Optional[int] = typer.Option(None, "--port", help="port, 1-65535 [default: MNEMO_RETRIEVAL_PORT, 8765]"),
 ) -> None:
     """Serve retrieval over HTTP (FastAPI; docs at /docs). MNEMO_API_KEY turns on bearer auth."""
     from flows.service import serve as run
 
-    base = settings_of(ctx)
-    settings = base.model_copy(update={"retrieval": base.retrieval.with_overrides(host=host, port=port)})
+    flags = {"host": host, "port": port}   # validated as settings: --port 99999 is exit 2, not an OverflowError
+    settings = settings_of(ctx).with_overrides(retrieval={k: v for k, v in flags.items() if v is not None})
     r = open_retriever(settings, serving=True)
     run(r, settings.retrieval.host, settings.retrieval.port, settings)
 
 
 def train_reranker(
     ctx: typer.Context,
-    scope: str = typer.Option("global", "--scope", help="global | user (one version per user with feedback)"),
+    scope: Optional[str] = typer.Option(None, "--scope", help="global | user (one version per user with feedback) "
+                                        "[default: MNEMO_RETRIEVAL_RERANK_SCOPE, global]"),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="passes over the new feedback "
                                          "[default: settings rerank_epochs]"),
 ) -> None:
@@ -90,9 +92,10 @@ def train_reranker(
     from memory.runs import new_run_id
     from retrieval.rerank import TrainConfig, train_reranker as train
 
-    if scope not in ("global", "user"):
+    if scope is not None and scope not in ("global", "user"):
         raise ConfigError(f"unknown reranker scope {scope!r} (known: global, user)", scope=scope)
     settings = settings_of(ctx)
+    scope = scope or settings.retrieval.rerank_scope   # the setting the nightly `train` task reads
     r = open_retriever(settings)
     cfg = TrainConfig.from_settings(r.settings, epochs=epochs)
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):

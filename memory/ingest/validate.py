@@ -19,12 +19,12 @@ from memory.ingest.common import (FOLDER_FORMATS, FORMATS, MESSAGES_SCHEMA, OBSE
                                   SESSIONS_SCHEMA, ArchiveBatch, quarantine_row, row_problem, valid_user)
 from memory.ingest.readers import locomo_observations, read_json, read_rows
 
-__all__ = ["read_archive", "validate_rows", "messages_frame", "sessions_frame"]
+__all__ = ["checked_path", "read_archive", "validate_rows", "messages_frame", "sessions_frame"]
 
 log = logging.getLogger(__name__)
 
 
-def _checked_path(path: str | Path, fmt: str, user_id: str | None) -> Path:
+def checked_path(path: str | Path, fmt: str, user_id: str | None) -> Path:
     """The archive's path once its format, the user id and the path itself are checked (an
     `IngestError` naming what is wrong), before any row is read."""
     path = Path(path)
@@ -50,7 +50,7 @@ def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool 
 
     `user_id` (format `beam` only, one chat) files the chat under that user instead of the one its
     folders name."""
-    path = _checked_path(path, fmt, user_id)
+    path = checked_path(path, fmt, user_id)
     try:
         data = read_json(path) if fmt in ("locomo", "longmemeval") else None
         records, quarantine, read = validate_rows(read_rows(path, fmt, data, user_id))

@@ -82,7 +82,7 @@ def test_bad_input_ends_in_one_line_and_exit_2(tmp_path: Path, args: tuple[str, 
 
 
 def test_an_unknown_strategy_on_a_store_is_exit_2(tmp_path: Path) -> None:
-    Store(str(tmp_path / "store"))
+    Store(str(tmp_path / "store")).table("messages")     # a store: a folder holding a mnemo table
     out = invoke("--store", str(tmp_path / "store"), "retrieve", "alice", "my dog", "--strategy", "nope")
     assert out.exit_code == 2 and "unknown retrieval strategy: 'nope'" in out.stderr, out.output
 
@@ -140,7 +140,7 @@ def test_consolidate_flags_override_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MNEMO_STORE", str(tmp_path / "from-env"))
     monkeypatch.setenv("MNEMO_RETRIEVAL_K", "7")
     store = str(tmp_path / "from-flag")
-    (tmp_path / "from-flag").mkdir()
+    Store(store).table("runs")                                            # a store (an empty folder is none)
     out = invoke("--store", store, "consolidate", "--llm", "replay", "--users", "b, a,", "--rebuild-graph",
                  "--dask-local", "3")
     assert out.exit_code == 0, out.output

@@ -254,6 +254,7 @@ def test_the_lease_is_reentrant_in_a_thread_and_exclusive_between_threads(tmp_pa
 def test_a_second_consolidation_while_a_run_holds_the_lease_exits_75(tmp_path: Path, holder: Any,
                                                                     engine: str) -> None:
     uri = str(tmp_path / "store")
+    Store(uri).table("runs")   # a store: a folder holding a mnemo table (an empty one is refused, exit 2)
     proc = holder(uri, "run")
     res = CliRunner().invoke(app, ["--store", uri, "consolidate", "--engine", engine])
     assert res.exit_code == 75, res.output
@@ -265,6 +266,7 @@ def test_a_second_consolidation_while_a_run_holds_the_lease_exits_75(tmp_path: P
 def test_a_run_waits_for_the_lease_and_takes_over_from_a_killed_run(tmp_path: Path, holder: Any,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     uri = str(tmp_path / "store")
+    Store(uri).table("runs")
     proc = holder(uri, "run")
     threading.Timer(0.5, os.kill, (proc.pid, signal.SIGKILL)).start()
     monkeypatch.setenv("MNEMO_RUN_LEASE_WAIT_S", "20")
