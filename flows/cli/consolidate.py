@@ -79,6 +79,8 @@ def nothing_to_do(settings: Settings, users: list[str] | None) -> bool:
     start = time.perf_counter()
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         store = open_store(settings)
+        if unknown := sorted(set(users or ()) - set(store.users())):   # a typo in --users must not pass for "0 users"
+            console.print(f"[yellow]--users names users with no messages in {settings.store}: {', '.join(unknown)}[/]")
         if pending_users(store, users) or new_feedback(store, settings.retrieval.rerank_scope):
             return False
         report = new_report("consolidate", settings)

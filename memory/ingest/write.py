@@ -48,7 +48,9 @@ class IngestReport:
     run_id: str = ""
 
     def summary(self) -> str:
-        why = "; ".join(f"{r}: {n}" for r, n in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:5])
+        ranked = sorted(self.reasons.items(), key=lambda kv: -kv[1])
+        why = "; ".join(f"{r}: {n}" for r, n in ranked[:5]) + (
+            f"; +{len(ranked) - 5} more reasons ({sum(n for _, n in ranked[5:])} rows)" if len(ranked) > 5 else "")
         return (f"ingest {self.archive} ({self.format}): {len(self.users)} users, {self.sessions} sessions, "
                 f"{self.messages_read} messages read, {self.messages_added} added, "
                 f"{self.observations} observations, {self.quarantined} quarantined"

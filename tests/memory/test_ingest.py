@@ -226,6 +226,7 @@ def test_jsonl_bad_rows_are_quarantined_with_reasons(tmp_path: Path, store: Stor
         "unparsable timestamp: '0001-01-01T00:00:00+01:00'": 1, "invalid user_id": 1,
         "invalid json: not an object": 1,
     }
+    assert report.summary().count(": 1") == 5 and "+3 more reasons (3 rows)" in report.summary()  # all 8 counted
     q = _quarantine(store)
     assert q["bad encoding"]["raw"].endswith('"text": "caf\ufffd", "speaker": "A"}')
     assert q["bad encoding"]["user_id"] is None and q["bad encoding"]["source"] == "mixed.jsonl:line 5"
