@@ -123,9 +123,9 @@ def run(retriever: Retriever, transport: Literal["stdio", "http"] = "stdio", hos
     if transport == "stdio":
         build_server(retriever).run("stdio")
         return
-    import uvicorn
+    from flows.service import run_server
 
     warning = open_without_key(host, retriever.settings.api_key is not None)
     if warning:
         logging.getLogger(__name__).warning(warning)
-    uvicorn.run(http_app(retriever, host), host=host, port=port, log_level="info")
+    run_server(http_app(retriever, host), host, port, "mcp --host / --port")

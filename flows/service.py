@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -36,10 +37,8 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
     """Run the whole service with uvicorn until interrupted, BLAS and torch single-threaded (requests
     run in parallel threads; one query's matrix products and its embedding are too small to gain from
     a pool, and torch's pool stalls a query embedding for ~1 s on a busy machine). An address that
-    cannot be bound (a port in use) is a `ConfigError` naming it: uvicorn would exit 3, the code of a
-    consolidation that set LLM work aside."""
+    cannot be bound is a `ConfigError` (`run_server`)."""
     import torch
-    import uvicorn
     from threadpoolctl import threadpool_limits
 
     warning = open_without_key(host, retriever.settings.api_key is not None)
@@ -53,6 +52,15 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
     # everything loaded so far (the model, the libraries: ~0.5 M objects) is moved out of the collector's
     # reach: a full collection would otherwise scan it all, stopping every request for 0.2-0.4 s
     gc.freeze()
+    run_server(app, host, port, "MNEMO_RETRIEVAL_HOST, MNEMO_RETRIEVAL_PORT")
+
+
+def run_server(app: Any, host: str, port: int, settings_hint: str) -> None:
+    """uvicorn until interrupted; an address it cannot bind (a port in use) is a `ConfigError` naming
+    it (`settings_hint`: where the address comes from): uvicorn would exit 3, the code of a
+    consolidation that set LLM work aside. The HTTP service and the MCP server both run through it."""
+    import uvicorn
+
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     try:
         server.run()
@@ -60,8 +68,8 @@ def serve(retriever: Retriever, host: str, port: int, settings: Settings | None 
         if server.started:
             raise
         raise ConfigError(f"cannot serve on {host}:{port}: the address is in use or cannot be bound (see the "
-                          "log line above); choose another --host / --port (MNEMO_RETRIEVAL_HOST, "
-                          "MNEMO_RETRIEVAL_PORT)", host=host, port=port) from None
+                          f"log line above); choose another --host / --port ({settings_hint})",
+                          host=host, port=port) from None
 
 
 def configure_writes(retriever: Retriever, settings: Settings | None = None) -> None:

@@ -217,18 +217,20 @@ def dangling_pointers(store: Store) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def clear_dangling(store: Store, found: dict[str, list[dict[str, Any]]]) -> int:
+def clear_dangling(store: Store, found: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """Reset the dangling pointers `dangling_pointers` found (the value they closed is current again,
-    as a forget leaves it: `pointers.clear_pointers`), under the writer lease; returns the rows rewritten.
-    What is still stored nowhere is read again under the lease: the check held none, and a forget it
-    overlapped may have re-derived the rows since (clearing then would reopen a replaced value)."""
-    done = 0
+    as a forget leaves it: `pointers.clear_pointers`), under the writer lease; returns those it cleared
+    (as `found`). What is still stored nowhere is read again under the lease: the check held none, and
+    a forget it overlapped may have re-derived the rows since (clearing then would reopen a replaced
+    value; such a pointer is no longer dangling and is left out)."""
+    cleared: dict[str, list[dict[str, Any]]] = {}
     for name, bad in found.items():
         with store.write_lease():
             gone = unstored(store, {b["user_id"] for b in bad}, {n for b in bad for n in b["names"]})
-            if ids := [b["id"] for b in bad if gone & set(b["names"])]:
-                done += store.upsert(name, clear_pointers(store.read_ids(name, ids), gone))
-    return done
+            if still := [{**b, "names": [n for n in b["names"] if n in gone]} for b in bad if gone & set(b["names"])]:
+                store.upsert(name, clear_pointers(store.read_ids(name, [b["id"] for b in still]), gone))
+                cleared[name] = still
+    return cleared
 
 
 @dataclass
@@ -312,7 +314,8 @@ def check(store: Store, *, fix: bool = False, cleanup_older_than_s: float | None
                           unstored=unstored_terms(store), sessions=session_mismatches(store),
                           forgets=unfinished_forgets(store), dangling=dangling_pointers(store))
     if fix and report.dangling:
-        report.pointers_cleared = clear_dangling(store, report.dangling)
+        report.dangling = clear_dangling(store, report.dangling)   # what a forget re-derived meanwhile is fine
+        report.pointers_cleared = sum(len(v) for v in report.dangling.values())
     if fix and report.sessions:
         report.sessions_remade = remake_sessions(store, report.sessions)
     if fix and report.duplicates:

@@ -58,14 +58,16 @@ def _store_given(uri: str) -> str:
 #: a store directory or URI: blank values are refused rather than read as the current folder
 StoreUri = Annotated[str, AfterValidator(_store_given)]
 
-#: the devices the torch embedder runs on
-DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
+#: the devices the torch embedder runs on: torch's device types, with an optional index (torch is not
+#: imported to ask it: settings load in every command, the 2-second no-op nightly included)
+DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|xla|mtia|ipu|meta|privateuseone)(:\d+)?")
 
 
 def _known_device(device: str) -> str:
     """A torch device the embedder can run on (torch would fail only when the model first loads)."""
     if not DEVICE.fullmatch(device):
-        raise ValueError(f"unknown device {device!r} (known: cpu, cuda, cuda:N, mps)")
+        raise ValueError(f"unknown device {device!r} (known: cpu, cuda, mps, xpu, hpu, npu, xla, each with an "
+                         "optional :N)")
     return device
 
 
@@ -228,7 +230,7 @@ class Settings(BaseModel):
     embed_model: str = Field("", description="model name or path; empty = packaged all-MiniLM-L6-v2")
     embed_batch_size: int = Field(64, ge=1)
     embed_device: Annotated[str, AfterValidator(_known_device)] = Field("cpu", description="torch device: "
-                                                                        "cpu, cuda, cuda:N or mps")
+                                                                        "cpu, cuda, cuda:N, mps, xpu ...")
     embed_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
         "torch", description="how the sentence-transformers model runs: torch, or ONNX Runtime on CPU (`onnx`, "
         "`onnx-int8` = int8 dynamic quantization), exported once from the local model into embed_cache_dir "

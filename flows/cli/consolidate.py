@@ -43,6 +43,8 @@ def consolidate(
         llm=llm, llm_model=llm_model, dask_local=dask_local, dask_address=dask_address,
         rebuild_graph=rebuild_graph or None))
     chosen = csv(users) or None
+    if chosen:
+        warn_unknown(settings, chosen)
     if not settings.rebuild_graph and nothing_to_do(settings, chosen):
         return
     if engine == "local":
@@ -68,6 +70,14 @@ def consolidate(
     finish_run(result["status"])
 
 
+def warn_unknown(settings: Settings, users: list[str]) -> None:
+    """Name the `--users` the store holds no messages of: a typo must not pass for a quiet "0 users"."""
+    from memory.runs import open_store
+
+    if unknown := sorted(set(users) - set(open_store(settings).users())):
+        console.print(f"[yellow]--users names users with no messages in {settings.store}: {', '.join(unknown)}[/]")
+
+
 def nothing_to_do(settings: Settings, users: list[str] | None) -> bool:
     """When no user (of `users`, default all) may owe work and no feedback waits for the reranker:
     record the run, print its summary and return True, all under the run lease, before Prefect or
@@ -79,8 +89,6 @@ def nothing_to_do(settings: Settings, users: list[str] | None) -> bool:
     start = time.perf_counter()
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         store = open_store(settings)
-        if unknown := sorted(set(users or ()) - set(store.users())):   # a typo in --users must not pass for "0 users"
-            console.print(f"[yellow]--users names users with no messages in {settings.store}: {', '.join(unknown)}[/]")
         if pending_users(store, users) or new_feedback(store, settings.retrieval.rerank_scope):
             return False
         report = new_report("consolidate", settings)

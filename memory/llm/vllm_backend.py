@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,10 @@ from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backen
 from memory.llm.structured import decoding_schema
 
 log = logging.getLogger(__name__)
+
+#: how vLLM words a prompt longer than the model's context ("The decoder prompt (length 9000) is longer
+#: than the maximum model length of 8192", "... exceeds max_model_len"): the only refusal halving isolates
+_TOO_LONG = re.compile(r"maximum model length|max_model_len|maximum context length", re.IGNORECASE)
 
 _ENGINES: dict[str, Any] = {}
 _ENGINES_LOCK = threading.Lock()
@@ -119,11 +124,15 @@ class VLLMBackend(LLMBackend):
 
     def _chat(self, llm: Any, requests: list[LLMRequest], params: list[Any]) -> list[LLMResponse]:
         """One `chat` call; vLLM refuses a whole batch with a ValueError when one prompt does not fit
-        (longer than the model's context): the batch is halved until that prompt stands alone, and it
-        alone is `rejected` (quarantined by the runner) while the others are answered."""
+        (longer than the model's context, `_TOO_LONG`): the batch is halved until that prompt stands
+        alone, and it alone is `rejected` (quarantined by the runner) while the others are answered.
+        Any other error fails the batch (`LLMError`), as a configuration problem would."""
         try:
             outputs = llm.chat([list(r.messages) for r in requests], sampling_params=params, use_tqdm=False)
         except ValueError as exc:
+            if not _TOO_LONG.search(str(exc)):      # a chat template, a schema, a bug: the whole run's problem
+                raise LLMError(f"vllm chat failed for a batch of {len(requests)}: {exc}", backend="vllm",
+                               model=self.model) from exc
             if len(requests) == 1:
                 log.warning("vllm rejected a %s prompt: %s", requests[0].task, exc)
                 return [LLMResponse.failure("rejected", f"vllm: {exc}")]

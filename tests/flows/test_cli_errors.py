@@ -100,13 +100,15 @@ def test_serve_refuses_a_port_out_of_range(monkeypatch: pytest.MonkeyPatch, tmp_
     assert out.exit_code == 2 and "Invalid value for '--port'" in out.output and served == []
 
 
-def test_serve_on_a_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
-    """uvicorn exits 3 when it cannot bind, the code of "LLM work set aside": the CLI says 2, and where."""
+@pytest.mark.parametrize("command", [["serve"], ["mcp", "--transport", "http"]])
+def test_a_server_on_a_port_in_use_is_exit_2_naming_it(tmp_path: Path, command: list[str]) -> None:
+    """uvicorn exits 3 when it cannot bind, the code of "LLM work set aside": the CLI says 2, and where
+    (the HTTP service and the MCP server alike)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "flows.cli", "--store", str(tmp_path / "s"), "serve",
+        res = subprocess.run([sys.executable, "-m", "flows.cli", "--store", str(tmp_path / "s"), *command,
                               "--port", str(port)], cwd=REPO, capture_output=True, text=True, timeout=300,
                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 2, res.stderr

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import lancedb
+import pytest
 from lancedb.expr import col
 from typer.testing import CliRunner
 
@@ -177,5 +178,10 @@ def test_fix_clears_only_what_is_still_stored_nowhere(sample_store: Store) -> No
     assert [b["names"] for b in found["fragments"]] == [["re-derived"]]
     sample_store.upsert("fragments", [{**closed[0], "id": "re-derived", "superseded_by": None,
                                        "valid_until": None}])               # what the forget wrote meanwhile
-    assert clear_dangling(sample_store, found) == 0
+    assert clear_dangling(sample_store, found) == {}
     assert sample_store.read_ids("fragments", [victim["id"]]).to_pylist()[0]["superseded_by"] == "re-derived"
+    stale = lambda store: found                             # noqa: E731  the check ran before the forget's writes
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("memory.doctor.dangling_pointers", stale)
+        report = check(sample_store, fix=True)
+    assert report.ok and report.dangling == {} and report.pointers_cleared == 0   # resolved, not "run --fix"

@@ -408,6 +408,23 @@ def test_vllm_one_overlong_prompt_is_rejected_alone() -> None:
     with pytest.raises(LLMError, match="rejected all"):          # every prompt too long: a configuration problem
         LLMRunner(VLLMBackend(model="m", llm=ContextLimitedLLM())).run([_request("y" * 30), _request("z" * 30)])
 
+
+class NoTemplateLLM(FakeLLM):
+    def chat(self, messages: Any, sampling_params: Any = None, use_tqdm: bool = True,
+             chat_template: str | None = None, **kwargs: Any) -> list[Any]:
+        self.calls.append({"messages": messages})
+        raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_vllm_another_value_error_fails_the_batch_not_a_prompt(n: int) -> None:
+    """Only the context-length refusal is halved down to one prompt: any other ValueError (no chat
+    template, a schema vLLM cannot compile) is the run's problem, even for a batch of one."""
+    fake = NoTemplateLLM()
+    with pytest.raises(LLMError, match="chat_template is not set"):
+        LLMRunner(VLLMBackend(model="m", llm=fake)).run([_request(str(i)) for i in range(n)])
+    assert len(fake.calls) == 1
+
 def test_vllm_through_runner_caches_nothing_without_cache() -> None:
     fake = FakeLLM()
     answers, bad = LLMRunner(VLLMBackend(model="m", llm=fake)).run([_request("x"), _request("y")])

@@ -162,12 +162,13 @@ def test_an_answer_cut_at_the_token_limit_is_asked_again_not_repeated(store: Sto
     first = LLMRunner(cut, ResponseCache(store))
     assert first.run([_request("a")])[0] == [None] and first.stats.calls == 2
     assert store.read("llm_cache", columns=["truncated"]).column("truncated").to_pylist() == [True, True]
+    replay = LLMRunner(ReplayBackend(model="fake-model"), ResponseCache(store))   # replay repeats the record
+    answers, bad = replay.run([_request("a")])
+    assert answers == [None] and [q.raw for q in bad] == ['{"answer": "tr'] and replay.stats.calls == 0
     raised = Greedy()                                     # a larger limit: the whole answer
     again = LLMRunner(raised, ResponseCache(store))
     assert again.run([_request("a")])[0] == [{"answer": "a"}] and again.stats.calls == 1
     assert again.stats.cache_hits == 0
-    replay = LLMRunner(ReplayBackend(model="fake-model"), ResponseCache(store))
-    assert replay.run([_request("a")])[0] == [{"answer": "a"}] and replay.stats.calls == 0
 
 def test_quarantine_rows_fit_the_table(store: Store) -> None:
     runner = LLMRunner(ScriptedBackend(lambda r: LLMResponse(text='{"answer": ""}')), ResponseCache(store))
