@@ -235,7 +235,7 @@ def quarantine(dim: int) -> pa.Schema:
 
 
 def llm_cache(dim: int) -> pa.Schema:
-    """LLM answers by key = hash(model, messages, schema), read by `replay`, the one reuser of a `truncated` one."""
+    """LLM answers by key = hash(model, messages, schema); `truncated_at`: the token limit that cut one."""
     return pa.schema([
         pa.field("id", pa.string(), nullable=False),
         pa.field("backend", pa.string()),
@@ -246,7 +246,7 @@ def llm_cache(dim: int) -> pa.Schema:
         pa.field("tokens_in", pa.int64()),
         pa.field("tokens_out", pa.int64()),
         pa.field("created_at", TS),
-        pa.field("truncated", pa.bool_(), nullable=True),
+        pa.field("truncated_at", pa.int64(), nullable=True),
         # the reverse index `memory.forget` deletes by: the request's user, the message ids its prompt quotes and
         # the memory ids (fragments, phases, topics, links, `text:<hash>` of a quoted summary) it was built from
         pa.field("user_id", pa.string(), nullable=True),

@@ -104,9 +104,11 @@ class ResponseCache:
         return out
 
     @staticmethod
-    def row(key: str, *, backend: str, model: str, request: LLMRequest, response: LLMResponse) -> dict[str, Any]:
+    def row(key: str, *, backend: str, model: str, request: LLMRequest, response: LLMResponse,
+            max_tokens: int | None = None) -> dict[str, Any]:
         """The cache row recording `response` as the answer to `request` under `key`, with its reverse
-        index (`provenance` of the request's context)."""
+        index (`provenance` of the request's context) and, for an answer cut at the token limit, that
+        limit (`truncated_at`; 0 when the backend did not say)."""
         user, messages, memories = provenance(request.context)
         return {
             "id": key,
@@ -117,7 +119,7 @@ class ResponseCache:
             "response": response.text,
             "tokens_in": response.tokens_in,
             "tokens_out": response.tokens_out,
-            "truncated": response.truncated,
+            "truncated_at": (max_tokens or 0) if response.truncated else None,
             "created_at": datetime.now(timezone.utc),
             "user_id": user,
             "message_ids": messages,

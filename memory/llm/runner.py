@@ -173,18 +173,20 @@ class LLMRunner:
         """One response per request: the recorded one where the cache holds a usable answer (marked
         `cached`), the rest from one backend batch in which identical live requests are sent once.
         A recorded answer that does not validate is used only by `replay` and by a deterministic live
-        backend (temperature 0: it would answer the same again), unless it was cut at the token limit (a
-        raised limit must get its chance); others ask again."""
+        backend (temperature 0: it would answer the same again), unless it was cut at a lower token limit
+        than the backend's now (a raised limit must get its chance); others ask again."""
         out: list[LLMResponse | None] = [None] * len(requests)
         if self._reads_cache:
             assert self.cache is not None
             hits = self.cache.get_many(keys)
             reuse_invalid = not self.backend.live or getattr(self.backend, "temperature", None) == 0
+            limit = getattr(self.backend, "max_tokens", None)
             for i, key in enumerate(keys):
                 row = hits.get(key)
                 if row is None:
                     continue
-                reuse = reuse_invalid and not (self.backend.live and row.get("truncated"))
+                cut = row.get("truncated_at")
+                reuse = reuse_invalid and not (self.backend.live and cut is not None and (limit or 0) > cut)
                 if not reuse and check(row["response"], requests[i].schema, validate)[0] is None:
                     log.warning("cached %s answer %s does not validate; asking again", requests[i].task, key)
                     continue
@@ -206,7 +208,8 @@ class LLMRunner:
         cache write; answers that came from the cache are not written again."""
         if not resp.cached and resp.text is not None:
             to_cache[key] = ResponseCache.row(key, backend=self.backend.name, model=self.backend.model,
-                                              request=request, response=resp)
+                                              request=request, response=resp,
+                                              max_tokens=getattr(self.backend, "max_tokens", None))
 
     def _send(self, requests: list[LLMRequest]) -> list[LLMResponse]:
         if not requests:

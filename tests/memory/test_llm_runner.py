@@ -152,23 +152,29 @@ def test_a_deterministic_live_backend_repeats_a_quarantine_from_the_record(store
 
 
 
-def test_an_answer_cut_at_the_token_limit_is_asked_again_not_repeated(store: Store) -> None:
-    """A deterministic backend's invalid answer is repeated from the record, but not one cut at the
-    token limit: the operator raises the limit and the next run must ask again (replay still repeats it)."""
+def test_an_answer_cut_at_the_token_limit_is_asked_again_under_a_higher_limit(store: Store) -> None:
+    """A deterministic backend's invalid answer is repeated from the record, one cut at the token limit
+    too while the limit stays (a re-run pays nothing); once the operator raises the limit it is asked
+    again (replay repeats it whatever the limit)."""
     class Greedy(ScriptedBackend):
         temperature = 0.0
+        max_tokens = 8
 
     cut = Greedy(lambda r: LLMResponse(text='{"answer": "tr', tokens_out=8, truncated=True))
     first = LLMRunner(cut, ResponseCache(store))
     assert first.run([_request("a")])[0] == [None] and first.stats.calls == 2
-    assert store.read("llm_cache", columns=["truncated"]).column("truncated").to_pylist() == [True, True]
-    replay = LLMRunner(ReplayBackend(model="fake-model"), ResponseCache(store))   # replay repeats the record
+    assert store.read("llm_cache", columns=["truncated_at"]).column("truncated_at").to_pylist() == [8, 8]
+    same = LLMRunner(cut, ResponseCache(store))           # the same limit: the same cut answer, from the record
+    assert same.run([_request("a")])[0] == [None] and same.stats.calls == 0 and same.stats.cache_hits == 2
+    replay = LLMRunner(ReplayBackend(model="fake-model"), ResponseCache(store))
     answers, bad = replay.run([_request("a")])
     assert answers == [None] and [q.raw for q in bad] == ['{"answer": "tr'] and replay.stats.calls == 0
     raised = Greedy()                                     # a larger limit: the whole answer
+    raised.max_tokens = 4096
     again = LLMRunner(raised, ResponseCache(store))
     assert again.run([_request("a")])[0] == [{"answer": "a"}] and again.stats.calls == 1
     assert again.stats.cache_hits == 0
+
 
 def test_quarantine_rows_fit_the_table(store: Store) -> None:
     runner = LLMRunner(ScriptedBackend(lambda r: LLMResponse(text='{"answer": ""}')), ResponseCache(store))
