@@ -181,7 +181,8 @@ def compact(store: Store, settings: Settings, tables: Iterable[str] = WRITTEN, *
     `settings.cleanup_older_than_s` ago; the commit marker's old versions too (`units`: one row in one
     fragment, but a version and a file per unit published, and every snapshot reads the table). Returns
     the line the run prints: data files per table, bytes."""
-    store.optimize([UNITS], min_fragments=0, cleanup_older_than_s=settings.cleanup_older_than_s)
+    if not always:                        # `always` takes every table, the marker's among them
+        store.optimize([UNITS], min_fragments=0, cleanup_older_than_s=settings.cleanup_older_than_s)
     done = store.optimize(None if always else tables, min_fragments=0 if always else settings.compact_max_fragments,
                           cleanup_older_than_s=settings.cleanup_older_than_s)
     return files_line(store.data_files(), done)

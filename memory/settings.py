@@ -71,15 +71,21 @@ def _known_device(device: str) -> str:
     return device
 
 
-def _known_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
-    """Memory kinds some table holds (`memory.schemas.MEMORY_TABLES`), at least one: an unknown kind
-    would be searched nowhere and every query would answer no memories."""
+def kinds_problem(kinds: tuple[str, ...]) -> str | None:
+    """What is wrong with searched memory `kinds` (None: nothing): none given, or a kind no table holds
+    (`memory.schemas.MEMORY_TABLES`), which would be searched nowhere. One check for the settings and
+    for a query's `kinds` (`retrieval.retriever.check_kinds`)."""
     known = ", ".join(MEMORY_TABLES)
     if not kinds:
-        raise ValueError(f"no memory kind given; name some of: {known}")
+        return f"kinds is empty (no memory kind given): leave it out for the default, or name some of: {known}"
     unknown = [k for k in kinds if k not in MEMORY_TABLES]
-    if unknown:
-        raise ValueError(f"unknown memory kinds {unknown[:5]} (known: {known})")
+    return f"unknown memory kinds {unknown[:5]} (known: {known})" if unknown else None
+
+
+def _known_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """The settings' searched kinds, checked (`kinds_problem`)."""
+    if problem := kinds_problem(kinds):
+        raise ValueError(problem)
     return kinds
 
 

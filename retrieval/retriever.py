@@ -18,7 +18,7 @@ from memory.embed import Embedder, check_embedder, embedder_for
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
 from memory.schemas import MEMORY_TABLES
-from memory.settings import RetrievalSettings, Settings
+from memory.settings import RetrievalSettings, Settings, kinds_problem
 from memory.store import Store
 from retrieval.context import fit_context
 from retrieval.feedback import FeedbackLog
@@ -54,12 +54,8 @@ def check_kinds(kinds: Sequence[str] | None) -> tuple[str, ...] | None:
     if isinstance(kinds, str):
         kinds = [kinds]
     asked = tuple(kinds)
-    known = ", ".join(MEMORY_TABLES)
-    if not asked:
-        raise InvalidQueryError(f"kinds is empty: leave it out for the default, or name some of: {known}")
-    unknown = [k for k in asked if k not in MEMORY_TABLES]
-    if unknown:
-        raise InvalidQueryError(f"unknown memory kinds {unknown[:5]} (known: {known})", kinds=unknown[:20],
+    if problem := kinds_problem(asked):
+        raise InvalidQueryError(problem, kinds=[k for k in asked if k not in MEMORY_TABLES][:20],
                                 known=list(MEMORY_TABLES))
     return asked
 
