@@ -8,9 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from evaluation.forget import BACKEND as CACHED_RULES
 from memory.ingest import ingest
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, register_backend
-from memory.llm.rules.registry import TASKS
 from memory.llm.rules.supersede import decide, quantities
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
@@ -178,25 +177,13 @@ def test_llm_transformation_named_backwards_closes_the_older_fragment() -> None:
 
 
 
-@register_backend("rules-as-llm")
-class _RulesAsLLM(LLMBackend):
-    """An LLM backend that answers every request as the rules would (valid JSON, no supersession)."""
-
-    name = "rules-as-llm"
-    live = False
-    default_model = "rules-as-llm-v1"
-
-    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
-        return [LLMResponse(text=json.dumps(TASKS[r.task](r.context))) for r in requests]
-
-
 def test_an_llm_backends_fragments_carry_the_reason_prompts_version(tmp_path: Path) -> None:
     """With an LLM backend the reason stage decides validity: the fragments the supersede stage
     examined say so (the reason prompt's version), not the rules' version, which a later rules
     re-decide (`supersede_user`) would treat as its own and decide again."""
     from memory import prompts
 
-    settings = Settings(store=str(tmp_path / "store"), llm="rules-as-llm")
+    settings = Settings(store=str(tmp_path / "store"), llm=CACHED_RULES)   # rules answered as an LLM
     store = open_store(settings)
     ingest(store, _archive(tmp_path), "jsonl")
     consolidate(store, settings)
