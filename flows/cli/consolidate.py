@@ -39,6 +39,9 @@ def consolidate(
     """Consolidate every user's sessions newer than its watermark."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", engine=engine)
+    if engine == "local" and (dask_local is not None or dask_address is not None):
+        raise ConfigError("--engine local runs the stages in this process: --dask-local and --dask-address need "
+                          "--engine prefect", engine=engine)
     settings = existing_store(settings_of(ctx).with_overrides(
         llm=llm, llm_model=llm_model, dask_local=dask_local, dask_address=dask_address,
         rebuild_graph=rebuild_graph or None))
@@ -115,7 +118,8 @@ def backfill(
     from flows.consolidate import run_flow
     from memory.ingest.validate import checked_path
 
-    checked_path(path, fmt, user)   # one line, before Prefect starts or the run lease makes the store's folder
+    # one line, before Prefect starts or the run lease makes the store's folder
+    checked_path(path, fmt, user, observations_as_fragments=observations_as_fragments)
     settings = settings_of(ctx).with_overrides(llm=llm, llm_model=llm_model, dask_local=dask_local,
                                                dask_address=dask_address)
     result = run_flow("backfill", settings, path=path, fmt=fmt, observations_as_fragments=observations_as_fragments,

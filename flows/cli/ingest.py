@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
-from flows.cli.context import settings_of
+from flows.cli.context import EXIT_FAILED, console, settings_of
 
 
 def ingest(
@@ -17,7 +18,8 @@ def ingest(
     user: Optional[str] = typer.Option(None, "--user", help="beam: the user id of a single chat "
                                        "(default beam-<SCALE>-<N> from its folders)"),
 ) -> None:
-    """Validate and load an archive into the store; bad rows are quarantined with their reason."""
+    """Validate and load an archive into the store; bad rows are quarantined with their reason. Exit 1
+    when no row could be read at all (every one quarantined): most often the wrong --format."""
     import time
 
     from memory.ingest import ingest_batch, read_archive
@@ -27,6 +29,10 @@ def ingest(
     batch = read_archive(path, fmt, observations_as_fragments=observations_as_fragments, user_id=user)
     report = ingest_batch(open_store(settings_of(ctx)), batch, start=start)   # read first: a bad archive makes no store
     typer.echo(report.summary())
+    if batch.messages.is_empty() and report.quarantined:
+        console.print(f"[red]no message of {escape(path)} could be read as {escape(fmt)}[/]: is --format right? The rows are kept "
+                      "in the quarantine table with their reasons", soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from flows.cli.context import existing_store, settings_of
+from memory.errors import ConfigError
 
 
 def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="machine-readable counts")) -> None:
@@ -65,9 +66,12 @@ def graph(
     from memory.ids import validate_user_id
     from memory.runs import open_store
 
-    Path(html).parent.mkdir(parents=True, exist_ok=True)
     user = validate_user_id(user)
-    drawn = write_html(open_store(existing_store(settings_of(ctx))), user, html)
+    store = open_store(existing_store(settings_of(ctx)))
+    if user not in store.users():   # a mistyped id must not pass for an empty page and exit 0
+        raise ConfigError(f"the store holds no messages of user {user!r}: `mnemo stats` lists its users", user=user)
+    Path(html).parent.mkdir(parents=True, exist_ok=True)
+    drawn = write_html(store, user, html)
     if drawn["nodes"] == 0:
         typer.echo(f"user {user!r} has no graph yet: consolidate its sessions first", err=True)
     typer.echo(f"wrote {html}: {drawn['nodes']} nodes, {drawn['edges']} temporal edges, "

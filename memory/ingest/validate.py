@@ -24,13 +24,16 @@ __all__ = ["checked_path", "read_archive", "validate_rows", "messages_frame", "s
 log = logging.getLogger(__name__)
 
 
-def checked_path(path: str | Path, fmt: str, user_id: str | None) -> Path:
-    """The archive's path once its format, the user id and the path itself are checked (an
-    `IngestError` naming what is wrong), before any row is read."""
+def checked_path(path: str | Path, fmt: str, user_id: str | None, *,
+                 observations_as_fragments: bool = False) -> Path:
+    """The archive's path once its format, the user id, the observations flag (LoCoMo's alone) and
+    the path itself are checked (an `IngestError` naming what is wrong), before any row is read."""
     path = Path(path)
     if fmt not in FORMATS:
         raise IngestError(f"unknown archive format {fmt!r} (known: {', '.join(FORMATS)})", format=fmt,
                           known=list(FORMATS))
+    if observations_as_fragments and fmt != "locomo":
+        raise IngestError(f"only format locomo records observations to import as fragments, not {fmt}", format=fmt)
     if user_id is not None:
         if fmt != "beam":
             raise IngestError(f"a user id can be given for format beam only, not {fmt}", format=fmt)
@@ -50,7 +53,7 @@ def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool 
 
     `user_id` (format `beam` only, one chat) files the chat under that user instead of the one its
     folders name."""
-    path = checked_path(path, fmt, user_id)
+    path = checked_path(path, fmt, user_id, observations_as_fragments=observations_as_fragments)
     try:
         data = read_json(path) if fmt in ("locomo", "longmemeval") else None
         records, quarantine, read = validate_rows(read_rows(path, fmt, data, user_id))
@@ -58,7 +61,7 @@ def read_archive(path: str | Path, fmt: str, *, observations_as_fragments: bool 
         raise IngestError(f"cannot read {exc.filename or path}: {exc.strerror or exc}", archive=str(path)) from None
     messages = messages_frame(records, path.name)
     observations = pl.DataFrame(schema=OBSERVATIONS_SCHEMA)
-    if fmt == "locomo" and observations_as_fragments:
+    if observations_as_fragments:
         observations, bad = _observations_frame(locomo_observations(path, data), messages, path.name)
         quarantine.extend(bad)
     sessions = sessions_frame(messages, observations, path.name)

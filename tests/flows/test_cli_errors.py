@@ -19,7 +19,7 @@ from flows.cli.context import store_exists
 from memory.errors import ConfigError
 from memory.settings import RetrievalSettings, Settings
 from memory.store import Store
-from tests.helpers import REPO, SAMPLE
+from tests.helpers import LOCOMO, REPO, SAMPLE
 
 
 def invoke(*args: str) -> Any:
@@ -141,6 +141,8 @@ def test_an_unreachable_dask_scheduler_is_one_line(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize("args, says", [(("{tmp}/missing.jsonl", "-f", "jsonl"), "archive not found"),
                                         ((str(SAMPLE), "-f", "nope"), "unknown archive format 'nope'"),
                                         ((str(SAMPLE), "-f", "jsonl", "--user", "u"), "for format beam only"),
+                                        ((str(SAMPLE), "-f", "jsonl", "--observations-as-fragments"),
+                                         "only format locomo records observations to import as fragments, not jsonl"),
                                         (("{tmp}", "-f", "jsonl"), "is a directory: format jsonl reads one file")])
 def test_backfill_checks_its_archive_before_the_flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                      args: tuple[str, ...], says: str) -> None:
@@ -153,6 +155,31 @@ def test_backfill_checks_its_archive_before_the_flow(monkeypatch: pytest.MonkeyP
     out = invoke("--store", str(tmp_path / "store"), "backfill", *(a.format(tmp=tmp_path) for a in args))
     one_line_error(out, says)
     assert not (tmp_path / "store").exists()              # no store folder, no lock file
+
+
+def test_ingest_of_an_archive_no_row_of_which_reads_fails(tmp_path: Path) -> None:
+    """The wrong --format quarantines every row: exit 1 saying so, not a quiet success; the rows are
+    kept in the quarantine table. A flag the format has no use for is refused before anything is read."""
+    store = str(tmp_path / "store")
+    out = invoke("--store", store, "ingest", str(LOCOMO), "--format", "longmemeval")
+    assert out.exit_code == 1 and "could be read as longmemeval: is --format right?" in out.stderr, out.output
+    assert Store(store).read("quarantine").num_rows == 5 and Store(store).read("messages").num_rows == 0
+    out = invoke("--store", store, "ingest", str(SAMPLE), "--format", "jsonl", "--observations-as-fragments")
+    one_line_error(out, "only format locomo records observations to import as fragments, not jsonl")
+    assert invoke("--store", store, "ingest", str(SAMPLE), "--format", "jsonl").exit_code == 0
+
+
+def test_local_engine_and_graph_refuse_what_they_cannot_use(tmp_path: Path) -> None:
+    """`--engine local` runs in this process (no Dask to join); `graph` of a user the store holds no
+    message of is a typo, not an empty page."""
+    store = str(tmp_path / "store")
+    assert invoke("--store", store, "ingest", str(SAMPLE), "--format", "jsonl").exit_code == 0
+    for flag in (("--dask-local", "2"), ("--dask-address", "tcp://127.0.0.1:1")):
+        out = invoke("--store", store, "consolidate", "--engine", "local", *flag)
+        one_line_error(out, "--dask-local and --dask-address need --engine prefect")
+    out = invoke("--store", store, "graph", "nobody", "--html", str(tmp_path / "g" / "page.html"))
+    one_line_error(out, "the store holds no messages of user 'nobody'")
+    assert not (tmp_path / "g").exists()
 
 
 def test_the_retriever_refuses_unknown_kinds_however_made(tmp_path: Path) -> None:
