@@ -81,7 +81,8 @@ def anchor_lines(anchors: Path, scale: str) -> list[str]:
             inside = line[3:].startswith(scale + " ")
         elif inside and line.startswith("|"):
             out.append(line)
-    head = f"anchors (raw messages, no mnemo; per ability in {anchors}):"
+    head = (f"anchors (raw messages, no mnemo; per ability in {anchors}; measured on the text as published, "
+            "`->-> i,j` markers kept, which mnemo strips: `mnemo bench beam-anchors` scores the stripped text):")
     return [head, *out] if out else [f"anchors: none for {scale} in {anchors}"]
 
 

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 #: LoCoMo question categories scored (5, adversarial, is skipped)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 _DIA = re.compile(r"D\d+:\d+")
+#: an evidence reference as LoCoMo writes it, a stray colon included ("D:11:26" on conv-43)
+_EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
 
 
 @contextmanager
@@ -82,7 +84,7 @@ def load_questions(path: str, store: Store) -> list[dict[str, Any]]:
     for u in users:
         ids = store.read("messages", u, columns=["message_id"]).column("message_id").to_pylist()
         by_user[u] = {d: m for m in ids if (d := _dia(m))}
-    out = []
+    out, missing = [], 0
     for sample in json.loads(Path(path).read_text()):
         sid = sample.get("sample_id", "")
         user = next((u for u in users if u == sid or sid in u), None)
@@ -93,11 +95,14 @@ def load_questions(path: str, store: Store) -> list[dict[str, Any]]:
             cat = int(qa.get("category", 0))
             if cat not in CATEGORIES:
                 continue
-            dias = {d for ev in qa.get("evidence", []) for d in _DIA.findall(str(ev))}
+            dias = {f"D{a}:{b}" for ev in qa.get("evidence", []) for a, b in _EVIDENCE.findall(str(ev))}
             if not dias:
                 continue
             evidence = {by_user[user].get(d, f"missing:{d}") for d in dias}
+            missing += sum(e.startswith("missing:") for e in evidence)
             out.append({"user": user, "question": qa["question"], "category": cat, "evidence": evidence})
+    if missing:   # they count as never found, as in `mnemo bench beam`
+        log.warning("%d evidence ids name no message of their conversation", missing)
     return out
 
 

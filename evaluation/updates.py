@@ -9,7 +9,8 @@ scale, with the default strategy at k = 10 and validity ordering on vs off (`Ret
 * **contradictions** (contradiction_resolution): share of questions with a message of each
   statement in the top 10 (`both`), and of those where `context()` also flags the pair
   (`flagged`: an item citing one statement carries a contradiction with a memory citing the other,
-  returned or not, whose text context() shows after "CONTRADICTS"); both over every question (as
+  returned or not, and the default context() shows that item, its line saying "CONTRADICTS"; the
+  pinned profile is no item); both over every question (as
   first printed) and over those whose two statements are different messages (a question naming one
   message for both finds "both" with that one message);
 * overall R@10 over every ability, to show what the ordering costs elsewhere.
@@ -36,6 +37,7 @@ from memory.runs import open_store
 from memory.settings import Settings
 from memory.stages.supersede import supersede_user
 from memory.store import Store
+from retrieval.context import is_profile
 from retrieval.retriever import RetrievalResult, Retriever
 
 K = 10
@@ -60,9 +62,11 @@ def statement_sides(chat_dir: Path) -> list[tuple[str, set[str], set[str]]]:
 
 
 def top_sources(res: RetrievalResult, k: int = K) -> set[str]:
-    """The first k distinct source ids of a result."""
+    """The first k distinct source ids of a result (the pinned profile skipped, as in `recall_at`)."""
     seen: list[str] = []
     for it in res.items:
+        if is_profile(it):
+            continue
         for s in it.source_ids:
             if s not in seen:
                 seen.append(s)
@@ -74,17 +78,21 @@ def top_sources(res: RetrievalResult, k: int = K) -> set[str]:
 def flagged(res: RetrievalResult, a: set[str], b: set[str],
             sources_of: Callable[[str], list[str]] | None = None) -> bool:
     """An item citing one statement carries a contradiction with a memory citing the other, and the
-    context shows it. The counterpart is a returned item, or (with `sources_of`: memory id -> its
+    context the assistant gets (`context()` at its default budget) shows that item, whose line says
+    "CONTRADICTS". The counterpart is a returned item, or (with `sources_of`: memory id -> its
     source ids) any memory: context() prints its text either way, and a turn that contradicts
     itself ("I've never done X, but I recently did X") is flagged against its own fragment."""
     if sources_of is None:
         by_id = {it.id: list(it.source_ids) for it in res.items}
         sources_of = lambda cid: by_id.get(cid, [])   # noqa: E731
+    shown_ids = set(res.context_shown()[1])
     for it in res.items:
-        for shown in ([it.contradiction] if it.contradiction else []) + (it.also_contradicts or []):
-            x, y = set(it.source_ids), set(sources_of(shown.get("id", "")))
+        if is_profile(it) or it.id not in shown_ids:
+            continue
+        for other in ([it.contradiction] if it.contradiction else []) + (it.also_contradicts or []):
+            x, y = set(it.source_ids), set(sources_of(other.get("id", "")))
             if (x & a and y & b) or (x & b and y & a):
-                return "CONTRADICTS" in res.context(max_tokens=4000)
+                return True
     return False
 
 

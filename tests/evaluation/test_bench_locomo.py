@@ -75,3 +75,28 @@ def test_evaluate_counts_the_timed_queries() -> None:
     qs = questions()[:17]
     row = evaluate(r, qs, r.embed([q["question"] for q in qs]), "dense", (5, 10))   # type: ignore[arg-type]
     assert row["timed"] == 17   # the largest K's pass only
+
+
+def test_locomo_evidence_with_a_stray_colon_is_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """LoCoMo writes some evidence as "D:11:26": it names dialogue D11:26, not nothing; an id no turn
+    has is kept (never found) and counted in a warning."""
+    import json
+
+    from evaluation.common import load_questions
+    from memory.ingest import ingest
+    from memory.store import Store
+
+    turns = [{"speaker": "Ann", "dia_id": f"D1:{i}", "text": f"turn {i} about tea"} for i in (1, 2)]
+    sample = {"sample_id": "conv-x", "conversation": {"speaker_a": "Ann", "speaker_b": "Bob",
+                                                      "session_1_date_time": "1:56 pm on 8 May, 2023",
+                                                      "session_1": turns},
+              "qa": [{"question": "What about tea?", "answer": "x", "evidence": ["D:1:2"], "category": 1},
+                     {"question": "And coffee?", "answer": "y", "evidence": ["D1:9"], "category": 1}]}
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps([sample]))
+    store = Store(str(tmp_path / "store"))
+    ingest(store, path, "locomo")
+    qs = load_questions(str(path), store)
+    assert [len(q["evidence"]) for q in qs] == [1, 1]
+    assert next(iter(qs[0]["evidence"])).endswith("D1:2") and qs[1]["evidence"] == {"missing:D1:9"}
+    assert "1 evidence ids name no message of their conversation" in caplog.text

@@ -53,6 +53,28 @@ def test_flagged_counts_a_counterpart_that_context_shows() -> None:
     assert flagged(res, {"58"}, {"3"})                            # a further counterpart, returned
 
 
+def test_flagged_needs_the_pair_in_the_context_the_assistant_gets() -> None:
+    """The flagged item must be among those the default context() shows (a long one its budget
+    cuts is not shown, though a 4000-token context once counted it), and another pair's
+    contradiction shown beside does not count for this one; a pinned profile citing both sides is
+    no "both in the top 10"."""
+    from evaluation.updates import top_sources
+
+    long = RetrievedItem(id="f1", kind="fragment", text="word " * 1500, score=1.0, date="2024-03-01",
+                         source_ids=["10"], contradiction={"id": "f2", "text": "B says otherwise", "date": "2024-03-05"})
+    b = RetrievedItem(id="f2", kind="fragment", text="B says otherwise", score=0.9, date="2024-03-05",
+                      source_ids=["20"])
+    other = RetrievedItem(id="x1", kind="fragment", text="unrelated", score=0.5, date="2024-04-01", source_ids=["99"],
+                          contradiction={"id": "x2", "text": "unrelated other", "date": "2024-04-02"})
+    res = RetrievalResult(user_id="u", query="q", strategy="s", k=10, items=[long, b, other])
+    assert "CONTRADICTS" in res.context() and not flagged(res, {"10"}, {"20"})
+    long.text = "A says so"
+    assert flagged(res, {"10"}, {"20"})
+    profile = RetrievedItem(id="profile-u", kind="summary", key="user profile", text="a profile", score=1.0, date="2024-05-01",
+                            source_ids=["10", "20"])
+    assert top_sources(RetrievalResult(user_id="u", query="q", strategy="s", k=10, items=[profile, other])) == {"99"}
+
+
 def test_questions_naming_one_message_for_both_statements_are_counted_apart() -> None:
     """One message for both statements finds "both" as soon as it is found: the figures over every
     question stay as printed, and those over the questions with two statements print beside them."""
