@@ -259,7 +259,7 @@ def topics(dim: int) -> pa.Schema:
     """RMM prospective reflection: a topic memory of one participant with the turns it references.
 
     A merge updates the topic in place (same id): `source_ids` become the union, `history_json`
-    records each replaced version (text, sources, date, session_ts) and the summary merged in, so the
+    records each replaced version (text, date, session_ts, the sources the merge added) and the summary merged in, so the
     bank as of any watermark W can be rebuilt (created_ts <= W, later merges undone).
     """
     return pa.schema(_id_user() + [

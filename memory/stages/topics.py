@@ -8,8 +8,9 @@ or merged into each user's topic bank.
 
 The bank evolves session by session, so the update runs in rounds: round r holds the r-th pending
 session of every user of the shard (one LLM batch per round). A merge rewrites the topic in place
-(same id), keeps the union of source ids and appends the replaced version to `history_json`; the
-bank as of a watermark W is rebuilt by ignoring topics created after W and undoing later merges,
+(same id), keeps the union of source ids and appends the replaced version to `history_json` (its
+text, date and the source ids the merge added, so the history grows with the merges, not their
+square); the bank as of a watermark W is rebuilt by ignoring topics created after W and undoing later merges,
 so a re-run after a crash, or two batches instead of one, converge to the same rows.
 
 Two decisions of one session that merge into the same topic: the first (in topic order) merges,
@@ -117,7 +118,11 @@ def load_bank(store: Store, user_id: str, watermark: datetime) -> tuple[list[Top
         while t.session_ts > watermark and t.history:
             prev = t.history.pop()
             t.text, t.key, t.date = prev["text"], prev["key"], prev["date"]
-            t.source_ids = list(prev["source_ids"])
+            if "source_ids" in prev:   # written before 2026-11: the whole list as it stood
+                t.source_ids = list(prev["source_ids"])
+            else:
+                added = set(prev["added_ids"])
+                t.source_ids = [x for x in t.source_ids if x not in added]
             t.session_ts = datetime.fromisoformat(prev["session_ts"])
             t.run_id, t.backend, t.model = prev.get("run_id", ""), prev.get("backend", ""), prev.get("model", "")
             t.prompt_version = prev.get("prompt_version", prompts.TOPIC_EXTRACT_VERSION)
@@ -269,8 +274,10 @@ def _update_round(state: ShardState, runner: LLMRunner, embedder: Embedder, bank
             continue
         target = cands[index][0] if action == "merge" and index is not None else None
         if target is not None and target.id not in merged_now and target.id != it["id"]:
-            target.history.append({
-                "text": target.text, "key": target.key, "date": target.date, "source_ids": target.source_ids,
+            had = set(target.source_ids)
+            target.history.append({   # the ids the merge adds, not the whole list: linear in the merges
+                "text": target.text, "key": target.key, "date": target.date,
+                "added_ids": [x for x in dict.fromkeys(it["source_ids"]) if x not in had],
                 "session_ts": target.session_ts.isoformat(), "run_id": target.run_id, "backend": target.backend,
                 "model": target.model, "prompt_version": target.prompt_version,
                 "merged_ts": s.ts.isoformat(), "merged_session_id": s.session_id, "merged_id": it["id"],

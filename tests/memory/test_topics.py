@@ -106,8 +106,8 @@ def test_topics_are_memories_with_provenance(clean: Store) -> None:
             assert len(r["vector"]) == 384 and r["text"] and r["key"] and r["backend"] == "rules"
             history = json.loads(r["history_json"])
             assert len(history) == r["merges"]
-            for h in history:                      # merged topics keep the union of their sources
-                assert set(h["source_ids"]) <= set(r["source_ids"])
+            added = [x for h in history for x in h["added_ids"]]   # each merge records the ids it added
+            assert set(added) <= set(r["source_ids"]) and len(added) == len(set(added))
             if r["merges"]:
                 assert r["prompt_version"] == prompts.TOPIC_MERGE_VERSION and " to " in r["date"]
     from retrieval import RetrievalSettings, Retriever
@@ -115,6 +115,35 @@ def test_topics_are_memories_with_provenance(clean: Store) -> None:
     r = Retriever(clean, RetrievalSettings(refresh_ms=0))
     res = r.retrieve(clean.users()[0], "guitar", k=5, kinds=["topic"])
     assert res.items and all(it.kind == "topic" for it in res.items)
+
+
+def test_a_history_written_whole_still_rolls_back(clean: Store) -> None:
+    """History entries an older mnemo wrote hold the replaced version's whole source list: the bank
+    as of a watermark before the merges is the same from them as from the added ids."""
+    import numpy as np
+
+    from memory.stages.topics import load_bank
+
+    user = clean.users()[0]
+    rows = clean.read("topics", user).to_pylist()
+    first = min(r["created_ts"] for r in rows)
+    now = load_bank(clean, user, first)[0]
+    old = [dict(r) for r in rows]
+    for r in old:
+        history, sources = json.loads(r["history_json"]), list(r["source_ids"])
+        for h in reversed(history):
+            added = set(h.pop("added_ids"))
+            sources = [x for x in sources if x not in added]
+            h["source_ids"] = sources
+        r["history_json"] = json.dumps(history)
+    clean.upsert("topics", old)
+    try:
+        legacy = load_bank(clean, user, first)[0]
+    finally:
+        clean.upsert("topics", rows)
+    assert any(json.loads(r["history_json"]) for r in old)
+    assert [(t.id, t.text, t.source_ids, t.merges) for t in legacy] == [(t.id, t.text, t.source_ids, t.merges) for t in now]
+    assert all(np.array_equal(a.vector, b.vector) or a.vector is None for a, b in zip(legacy, now))
 
 
 def test_rerun_changes_nothing(clean: Store) -> None:
