@@ -31,7 +31,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from memory.errors import ConfigError, InvalidUserIdError, MnemoError, RunInProgressError, StoreBusyError
 from memory.schemas import MEMORY_TABLES
@@ -73,7 +73,7 @@ class FeedbackRequest(BaseModel):
     query: QueryText = Field(..., description="the query the memories were retrieved for")
     shown_ids: list[str] = Field(..., min_length=1, description="memory ids shown to the answering LLM")
     cited_ids: list[str] = Field(default_factory=list, description="the shown ids it cited")
-    reranker_version: Optional[int] = Field(None, ge=0, le=INT64_MAX,
+    reranker_version: Optional[StrictInt] = Field(None, ge=0, le=INT64_MAX,   # true is no version
                                             description="reranker version that chose them, if any")
 
 

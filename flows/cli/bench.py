@@ -77,7 +77,7 @@ def bench_rerank(
     store: StoreDir = None,
     strategy: Optional[str] = typer.Option(None, "--strategy", help="base strategy [default: the default]"),
     scope: str = typer.Option("global", "--scope", help="global | user"),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="passes over the feedback "
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="passes over the feedback "
                                          "[default: settings rerank_epochs]"),
     reset: bool = typer.Option(False, "--reset", help="drop the store's feedback and rerankers first"),
     explore: bool = typer.Option(True, "--explore/--no-explore",

@@ -56,6 +56,10 @@ class TrainConfig:
     l2: float = 0.0                 # pull of W (or U, V) toward 0: the adapters are residual
     clip: float = 0.0               # clip each batch gradient's Frobenius norm to this (0: off)
 
+    def __post_init__(self) -> None:
+        if self.epochs < 1:   # zero passes would save the untrained weights as a version, consuming the feedback
+            raise ConfigError(f"epochs must be at least 1, got {self.epochs}", epochs=self.epochs)
+
     @classmethod
     def from_settings(cls, s: RetrievalSettings, **overrides: Any) -> "TrainConfig":
         """The `rerank_*` fields of RetrievalSettings (non-None overrides win)."""

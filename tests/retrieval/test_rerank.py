@@ -270,3 +270,11 @@ def test_bench_ceilings_bound_the_base_and_the_interval_is_paired(retriever: Ret
     assert paired_ci([0.2, 0.4, 0.6], [0.3, 0.5, 0.7]) == pytest.approx((0.1, 0.1))
     lo, hi = paired_ci([0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0])
     assert lo < 0.0 < hi
+
+
+def test_zero_epochs_are_refused() -> None:
+    """Zero passes would save the untrained weights as a version and mark the feedback consumed."""
+    with pytest.raises(ConfigError, match="epochs must be at least 1, got 0"):
+        TrainConfig(epochs=0)
+    with pytest.raises(ConfigError, match="got -3"):
+        TrainConfig.from_settings(load_settings().retrieval, epochs=-3)
