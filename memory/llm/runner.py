@@ -35,6 +35,7 @@ from memory.errors import LLMError, LLMTransientError
 from memory.ids import make_id
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse
 from memory.llm.cache import ResponseCache
+from memory.llm.structured import without_null_optionals
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,7 @@ def check(text: str | None, schema: dict[str, Any],
         return None, f"not valid JSON: {exc}"
     except RecursionError:   # "[[[[..." deeper than the parser's recursion limit
         return None, "not valid JSON: nested too deeply"
+    answer = without_null_optionals(answer, schema)
     try:
         err = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(answer))
         if err is not None:

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from memory.llm.base import LLMRequest
 
-__all__ = ["Dialect", "DIALECTS", "chat_body", "decoding_schema", "portable_pattern", "is_validation_error", "names_a_dialect_field"]
+__all__ = ["Dialect", "DIALECTS", "chat_body", "decoding_schema", "portable_pattern", "is_validation_error",
+           "names_a_dialect_field", "strict_form", "without_null_optionals"]
 
 
 @dataclass(frozen=True)
@@ -57,19 +58,52 @@ def decoding_schema(request: LLMRequest, max_tokens: int | None = None) -> dict[
     limit, arrays and strings without bounds bounded so that the longest answer the grammar allows fits
     (`_BOUNDS`): a small model repeating items forever then closes its JSON instead of being cut into an
     invalid answer; `message_id` citations are held to the ids of the messages the request shows
-    (`context["messages"]`). Answers are still validated against (and cached under) the original schema."""
+    (`context["messages"]`); and in the form strict servers require (`strict_form`: OpenAI refuses a
+    schema with an optional property). Answers are still validated against (and cached under) the
+    original schema, once an optional property answered null is dropped (`without_null_optionals`)."""
     schema = _portable(request.schema)
     shown = [m["message_id"] for m in request.context.get("messages", []) if isinstance(m, dict) and "message_id" in m]
     if shown:
         schema = _citing(schema, shown)
     if max_tokens is None:
-        return schema
+        return strict_form(schema)
     bounded = schema
     for items, chars in _BOUNDS:
         bounded = _bounded(schema, items, chars)
         if _worst_chars(bounded) <= max_tokens * CHARS_PER_TOKEN:
             break
-    return bounded
+    return strict_form(bounded)
+
+
+def strict_form(node: Any) -> Any:
+    """`node` as OpenAI's strict structured outputs take it: every object lists all its properties as
+    required and allows no others, a property that was optional may be null instead (`anyOf` with
+    null). vLLM and llama.cpp decode the same form."""
+    if isinstance(node, list):
+        return [strict_form(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: strict_form(v) if k in ("items", "anyOf") else v for k, v in node.items()}
+    props = node.get("properties")
+    if isinstance(props, dict):
+        required = set(node.get("required", []))
+        out["properties"] = {k: strict_form(v) if k in required else {"anyOf": [strict_form(v), {"type": "null"}]}
+                             for k, v in props.items()}
+        out["required"] = list(props)
+        out["additionalProperties"] = False
+    return out
+
+
+def without_null_optionals(answer: Any, schema: Any) -> Any:
+    """`answer` without the null values of properties `schema` does not require: how a model
+    constrained by `strict_form` leaves an optional property out."""
+    if isinstance(answer, list) and isinstance(schema, dict):
+        return [without_null_optionals(v, schema.get("items")) for v in answer]
+    if not (isinstance(answer, dict) and isinstance(schema, dict) and isinstance(schema.get("properties"), dict)):
+        return answer
+    props, required = schema["properties"], set(schema.get("required", []))
+    return {k: without_null_optionals(v, props.get(k)) for k, v in answer.items()
+            if not (v is None and k in props and k not in required)}
 
 
 #: regex spellings llama.cpp's schema-to-grammar converter breaks on, and an equal or stricter spelling

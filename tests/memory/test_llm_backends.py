@@ -55,6 +55,7 @@ class Script:
     in_flight: int = 0
     max_in_flight: int = 0
     llamacpp: bool = False  # reject what llama-cpp-python's server rejects, the way it does
+    strict: bool = False    # refuse what OpenAI's strict structured outputs refuse, the way it does
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next(self, body: dict[str, Any]) -> str:
@@ -75,6 +76,30 @@ def _completion(body: dict[str, Any], content: str, finish: str = "stop") -> dic
     }
 
 
+def strict_problem(node: Any, where: tuple[str, ...] = ()) -> str | None:
+    """What OpenAI's strict mode says of a schema object that leaves a property optional or allows others."""
+    if isinstance(node, dict):
+        props = node.get("properties")
+        if isinstance(props, dict):
+            if missing := [k for k in props if k not in node.get("required", [])]:
+                return (f"In context={where}, 'required' is required to be supplied and to be an array including "
+                        f"every key in properties. Missing '{missing[0]}'.")
+            if node.get("additionalProperties") is not False:
+                return f"In context={where}, 'additionalProperties' is required to be supplied and to be false."
+        for k, v in node.items():
+            if (found := strict_problem(v, where + (k,))) is not None:
+                return found
+    if isinstance(node, list):
+        return next((f for i, v in enumerate(node) if (f := strict_problem(v, where + (str(i),))) is not None), None)
+    return None
+
+
+#: a reason answer as a strict-mode model gives it: the optional supersede fields present, null
+INSIGHT_WITH_NULLS = json.dumps({"extended_insight": [
+    {"inference_type": "extension", "key": "job", "date": "2024-03-01", "value": "works in Berlin",
+     "supersedes": None, "superseded_by": None}]})
+
+
 def _app(state: dict[str, Script]) -> FastAPI:
     app = FastAPI()
 
@@ -87,6 +112,11 @@ def _app(state: dict[str, Script]) -> FastAPI:
             # llama-cpp-python 0.3.16: pydantic rejects the body, its error handler answers HTTP 500
             return JSONResponse({"error": {"message": LLAMACPP_REJECTION, "type": "internal_server_error",
                                            "param": None, "code": None}}, status_code=500)
+        if script.strict and (problem := strict_problem(body["response_format"]["json_schema"]["schema"])):
+            name = body["response_format"]["json_schema"]["name"]
+            return JSONResponse({"error": {"message": f"Invalid schema for response_format '{name}': {problem}",
+                                           "type": "invalid_request_error", "param": "response_format",
+                                           "code": None}}, status_code=400)
         with script.lock:
             script.in_flight += 1
             script.max_in_flight = max(script.max_in_flight, script.in_flight)
@@ -114,7 +144,7 @@ def _app(state: dict[str, Script]) -> FastAPI:
                                     headers={"retry-after-ms": "10", "x-should-retry": "true"})
             user = body["messages"][1]["content"]
             content = {"malformed": '{"answer": "unfinished', "length": '{"answer": "cut at the li',
-                       "wrong": '{"answer": ""}'}.get(action, json.dumps({"answer": user}))
+                       "wrong": '{"answer": ""}', "insight": INSIGHT_WITH_NULLS}.get(action, json.dumps({"answer": user}))
             return JSONResponse(_completion(body, content, "length" if action == "length" else "stop"))
         finally:
             with script.lock:
@@ -163,6 +193,25 @@ def test_request_carries_model_and_json_schema(server: Any, script: Script) -> N
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "reason", "schema": bounded, "strict": True}}
     assert body["max_completion_tokens"] == 123 and body["temperature"] == 0.0
+
+
+def test_a_strict_server_takes_every_schema_and_nulls_stand_for_absent(server: Any, script: Script) -> None:
+    """OpenAI's strict mode refuses a schema with an optional property (the reason prompt's
+    supersedes / superseded_by) or one allowing others: every schema goes out with all properties
+    required, the optional ones nullable; a null answered for one is read as the property left out,
+    and the answer validates against the prompt's own schema."""
+    from memory.prompts.premem import REASON_SCHEMA
+
+    assert strict_problem(REASON_SCHEMA) is not None and strict_problem(OTHER_SCHEMA) is not None
+    script.strict, script.default = True, "insight"
+    runner = LLMRunner(_backend(server))
+    answers, bad = runner.run([_request("reason over F1, F2", REASON_SCHEMA, task="reason")])
+    assert bad == [] and runner.stats.calls == 1
+    (insight,) = answers[0]["extended_insight"]
+    assert insight == {"inference_type": "extension", "key": "job", "date": "2024-03-01", "value": "works in Berlin"}
+    sent = script.bodies[0]["response_format"]["json_schema"]["schema"]
+    item = sent["properties"]["extended_insight"]["items"]
+    assert item["properties"]["supersedes"]["anyOf"][1] == {"type": "null"} and "supersedes" in item["required"]
 
 
 def test_the_dialect_is_negotiated_once_per_server(server: Any, script: Script) -> None:
