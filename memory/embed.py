@@ -94,8 +94,13 @@ class SentenceTransformerEmbedder(Embedder):
         self._model: object | None = None
 
     @property
+    def packaged(self) -> bool:
+        """Is the model the packaged all-MiniLM-L6-v2 itself (not another model whose path says so)?"""
+        return os.path.realpath(self.model_path) == os.path.realpath(packaged_model_path())
+
+    @property
     def model_name(self) -> str:
-        base = "all-MiniLM-L6-v2" if "minilm_l6_v2" in self.model_path else self.model_path
+        base = "all-MiniLM-L6-v2" if self.packaged else self.model_path
         return base if self.backend == "torch" else f"{base}+{self.backend}"
 
     def _load(self) -> object:
@@ -129,7 +134,7 @@ class SentenceTransformerEmbedder(Embedder):
 
     @property
     def dim(self) -> int:
-        if "minilm_l6_v2" in self.model_path:
+        if self.packaged:
             return 384  # known without loading the model, so a no-op run never loads it
         model = self._load()
         if self.backend != "torch":
@@ -188,8 +193,8 @@ def recorded_embedder(store: "Store") -> str | None:
         return None
     from lancedb.expr import col, lit
 
-    t = (store.table("messages").search().where(col("embed_model") != lit(""))  # NULL != '' is not true
-         .select(["embed_model"]).limit(1).to_arrow())
+    # NULL != '' is not true; `read` sees the latest version even on a store opened without read consistency
+    t = store.read("messages", columns=["embed_model"], where=col("embed_model") != lit(""), limit=1)
     return str(t.column("embed_model")[0].as_py()) if t.num_rows else None
 
 

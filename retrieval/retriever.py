@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from memory.embed import Embedder, check_embedder, embedder_for
+from memory.embed import Embedder, check_vectors_match, embedder_for, recorded_embedder
 from memory.errors import ConfigError
 from memory.ids import validate_user_id
 from memory.schemas import MEMORY_TABLES
@@ -152,6 +152,8 @@ class Retriever:
         self._explore_rng = np.random.default_rng(s.rerank_seed)   # Gumbel noise of `rerank_explore`
         self._explore_lock = threading.Lock()
         self._warned_no_reranker = False
+        self._embedder_ok = False           # the store's recorded embedder matched (`check_embedder`)
+        self._embedder_next_check = 0.0
         if self.settings.default_strategy not in STRATEGIES:
             raise UnknownStrategyError(self.settings.default_strategy)
         check_kinds(self.settings.kinds)   # settings copied with `model_copy(update=...)` skip their validators
@@ -166,9 +168,22 @@ class Retriever:
         settings = settings or Settings(store=str(store))
         if embedder is None:
             embedder = embedder_for(settings)
-        opened = Store(str(store), dim=embedder.dim, consistency_s=None)
-        check_embedder(opened, embedder)   # queries embedded otherwise would not be comparable
-        return cls(opened, settings, embedder)
+        r = cls(Store(str(store), dim=embedder.dim, consistency_s=None), settings, embedder)
+        r.check_embedder()   # queries embedded otherwise would not be comparable
+        return r
+
+    def check_embedder(self) -> None:
+        """Raise EmbedderMismatchError when the store's vectors were written by another embedder than
+        the one that embeds this retriever's queries. Until a consolidation records one (a service
+        started on a new store), checked again at most every `refresh_ms`; once it matched, never."""
+        if self._embedder_ok or time.monotonic() < self._embedder_next_check:
+            return
+        recorded = recorded_embedder(self.store)
+        if recorded is None:
+            self._embedder_next_check = time.monotonic() + self.settings.refresh_ms / 1000
+            return
+        check_vectors_match(recorded, self.embedder)
+        self._embedder_ok = True
 
     @property
     def embedder(self) -> Embedder:
@@ -220,6 +235,7 @@ class Retriever:
         timings: dict[str, float] = {}
         if isinstance(query, str):
             text = query
+            self.check_embedder()
             t0 = time.perf_counter()
             vec = self.embed([query])[0]
             timings["embed_ms"] = (time.perf_counter() - t0) * 1000

@@ -33,7 +33,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
-from memory.errors import ConfigError, InvalidUserIdError, MnemoError, RunInProgressError, StoreBusyError
+from memory.errors import (ConfigError, EmbedderMismatchError, InvalidUserIdError, MnemoError, RunInProgressError,
+                           StoreBusyError)
 from memory.schemas import MEMORY_TABLES
 from retrieval.guard import RequestGuard
 from retrieval.retriever import Retriever
@@ -102,6 +103,11 @@ def create_app(retriever: Retriever) -> FastAPI:
     @app.exception_handler(ConfigError)
     async def bad_option(_: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(EmbedderMismatchError)
+    async def mismatch(_: Request, exc: EmbedderMismatchError) -> JSONResponse:
+        log.error("%s", exc)   # the service's configuration, not the request: 500, not 422
+        return JSONResponse({"detail": str(exc)}, status_code=500)
 
     @app.exception_handler(StoreBusyError)
     async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:

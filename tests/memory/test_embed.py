@@ -122,3 +122,15 @@ def test_a_model_that_cannot_load_is_a_config_error_naming_the_setting(model: st
     with pytest.raises(ConfigError, match="MNEMO_EMBED_MODEL") as err:
         SentenceTransformerEmbedder(model=model).embed(["hello"])
     assert model in str(err.value)
+
+
+def test_only_the_packaged_model_is_named_after_it(tmp_path: Path) -> None:
+    """Another model whose path happens to say minilm_l6_v2 (a fine-tuned copy) is named by its path,
+    so a store written by the packaged one refuses it; the packaged one reached through a link is itself."""
+    other = SentenceTransformerEmbedder(model=str(tmp_path / "my_minilm_l6_v2_finetuned"))
+    assert not other.packaged and other.model_name == str(tmp_path / "my_minilm_l6_v2_finetuned")
+    with pytest.raises(EmbedderMismatchError):
+        check_vectors_match("all-MiniLM-L6-v2", other)
+    (tmp_path / "link").symlink_to(packaged_model_path())
+    linked = SentenceTransformerEmbedder(model=str(tmp_path / "link"))
+    assert linked.packaged and linked.model_name == "all-MiniLM-L6-v2" and linked.dim == 384
