@@ -1,8 +1,9 @@
 """Memories as the nodes of a user's graph: the time order the MemWeaver graph (the weave stage) and
 its phases (the summarize stage) share, and reading a user's stored memories as nodes.
 
-Nodes are a user's fragments and insights in time order: session time, then fragments before
-insights, then the position of the first cited message (`Node.order`). Every Δt of the graph and of
+Nodes are a user's fragments and insights in time order: session time, then session id (two
+sessions starting at the same time stay apart), then fragments before insights, then the position of
+the first cited message (`Node.order`). Every Δt of the graph and of
 the walk is in days (`days`).
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Node:
     session_id: str = ""
 
     def order(self) -> tuple[Any, ...]:
-        return (self.session_ts, KIND_RANK.get(self.kind, 2), self.position, self.id)
+        return (self.session_ts, self.session_id, KIND_RANK.get(self.kind, 2), self.position, self.id)
 
 
 def days(a: datetime, b: datetime) -> float:
@@ -56,20 +57,21 @@ def node_of(r: dict[str, Any], kind: str, seqs: dict[str, Any]) -> Node:
 def stored_nodes(store: Store, user: str, until: datetime,
                  kinds: tuple[str, ...] = ("fragment", "insight"), ids: Iterable[str] | None = None) -> list[Node]:
     """The user's stored memories of sessions up to `until` (the watermark) as nodes (those of `ids`
-    only, when given)."""
-    msgs = store.read("messages", user, columns=["message_id", "seq"])
-    seqs = dict(zip(msgs.column("message_id").to_pylist(), msgs.column("seq").to_pylist()))
-    out = []
+    only, when given: then only the messages they cite are read for their positions)."""
     only = None if ids is None else col("id").isin(sorted(ids))
+    rows: list[tuple[str, dict[str, Any]]] = []
     for kind in kinds:
         cols = ["id", "session_id", "session_ts", "source_ids", "vector", "text", "date"]
         t = pl.from_arrow(store.read(MEMORY_TABLES[kind], user, columns=cols, where=only))
         assert isinstance(t, pl.DataFrame)
-        if t.height == 0:
-            continue
-        t = t.filter(pl.col("session_ts") <= until)
-        out += [node_of(r, kind, seqs) for r in t.iter_rows(named=True) if r["vector"] is not None]
-    return out
+        if t.height:
+            rows += [(kind, r) for r in t.filter(pl.col("session_ts") <= until).iter_rows(named=True)
+                     if r["vector"] is not None]
+    cited = sorted({m for _, r in rows for m in r["source_ids"] or []})
+    msgs = None if not cited else store.read("messages", user, columns=["message_id", "seq"],
+                                             where=None if ids is None else col("message_id").isin(cited))
+    seqs = {} if msgs is None else dict(zip(msgs.column("message_id").to_pylist(), msgs.column("seq").to_pylist()))
+    return [node_of(r, kind, seqs) for kind, r in rows]
 
 
 def with_stored(batch: list[Node], store: Store, user: str, until: datetime,

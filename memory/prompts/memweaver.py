@@ -1,5 +1,10 @@
 """MemWeaver cognitive memory prompts (Yu et al., Appendix C.1): Table 4, a local summary of one
 phase of a user's history; Table 5, the global profile from every local summary.
+
+Table 4 prefaces a phase's numbered activities with "**Cluster X Activities (Y records):**"; X, the
+cluster's number, is only a label, and a phase's position in the user's history would change the
+prompt of every later phase when one phase is added or split before them (a late session), so no
+LLM cache could answer them: the preface here names no number and adds the phase's dates.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ __all__ = ["SUMMARIZE_VERSION", "PROFILE_VERSION", "PROFILE_MAX_WORDS", "SUMMARI
            "PROFILE_SYSTEM", "PROFILE_TASK", "SUMMARIZE_SCHEMA", "PROFILE_SCHEMA", "summarize_request",
            "profile_request", "validate_summary", "validate_profile", "parse_summary", "parse_profile"]
 
-SUMMARIZE_VERSION = "memweaver-local-v1"
+SUMMARIZE_VERSION = "memweaver-local-v2"
 PROFILE_VERSION = "memweaver-global-v1"
 PROFILE_MAX_WORDS = 300
 
@@ -43,11 +48,11 @@ _JSON_NOTE = 'Answer with one JSON object: {{"{key}": "<your summary>"}}.'
 def summarize_request(phase: dict[str, Any]) -> LLMRequest:
     """Table 4 for one phase of a user's history (the paper's "cluster" is our phase).
 
-    `phase`: {"user_id", "phase_id", "number", "start", "end", "items": [{"id", "date", "text"}]}
+    `phase`: {"user_id", "phase_id", "start", "end", "items": [{"id", "date", "text"}]}
     -- also the context the `rules` backend reads.
     """
     lines = [f"{i}. [{it['date']}] {it['text']}" for i, it in enumerate(phase["items"], 1)]
-    user = (f"**Cluster {phase['number']} Activities ({len(lines)} records, {phase['start']} to {phase['end']}):**\n"
+    user = (f"**Cluster Activities ({len(lines)} records, {phase['start']} to {phase['end']}):**\n"
             + "\n".join(lines) + "\n\n" + SUMMARIZE_TASK + "\n" + _JSON_NOTE.format(key="summary"))
     return LLMRequest(task="summarize", prompt_version=SUMMARIZE_VERSION,
                       messages=chat(SUMMARIZE_SYSTEM, user), schema=SUMMARIZE_SCHEMA, context=phase)

@@ -4,7 +4,10 @@ rebuilt graph or phases replace the old rows only once the new ones are written,
 between keeps the old ones, where it had left the user with none), then the quarantine rows of
 retried work that is settled, the `progress` rows, and the users' watermarks last, so a crash
 before the watermarks leaves the new sessions pending and the re-run rewrites the same rows (row ids
-are deterministic).
+are deterministic). What the re-run does not write again (`leftovers`: it saw other sessions, a late
+one among them, so it linked, wove or segmented differently) is deleted after its new rows are
+written, as a forget rolls a user back: rows dated after the user's watermark, which only an
+unfinished run writes, and the pool clusters it marked consumed.
 
 `settle` turns the work the stages quarantined (`state.quarantined_work`) into the sessions' and
 users' `progress` rows (items: see `memory.stages.load`): a retried item that succeeds is dropped
@@ -14,10 +17,10 @@ and not retried."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from lancedb.expr import col
+from lancedb.expr import col, lit
 
 from memory.ids import make_id, progress_id
 from memory.stages.shard import Cluster, SessionWork, ShardState, active, timed
@@ -28,6 +31,7 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
     """Write the shard: every table, then progress, then the watermarks, as one unit for readers
     (`Store.unit`: they see all of it or none of it). Safe to repeat."""
     with timed(state, "commit"), store.unit(state.users, label=f"commit {state.run_id}"):
+        left = leftovers(store, state)                 # read before this run's rows are written
         written = {
             "messages": store.upsert("messages", state.message_rows),
             "fragments": store.upsert("fragments", state.fragments),
@@ -41,6 +45,7 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
         for name, users in state.replace.items():   # after the new rows: a crash in between leaves the
             new = [r["id"] for r in state.extra.get(name, [])]    # old ones too, never none of either
             store.delete(name, users_filter(users) & ~col("id").isin(new) if new else users_filter(users))
+        drop_leftovers(store, state, left)
         now = datetime.now(timezone.utc)
         progress, settled = settle(state, now)
         if settled and store.has_table("quarantine"):
@@ -59,6 +64,69 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
                           "run_id": state.run_id, "updated_at": now})
         written["watermarks"] = store.upsert("watermarks", marks)
     return written
+
+
+#: tables of rows dated by session (or creation, for topics): a row dated after its user's watermark
+#: was written by a run that died before its watermarks (`leftovers`)
+DATED = {"insights": "session_ts", "clusters": "session_ts", "graph_nodes": "session_ts", "summaries": "session_ts",
+         "topics": "created_ts"}
+
+
+def leftovers(store: Store, state: ShardState) -> dict[str, list[dict[str, Any]]]:
+    """Rows an unfinished run left of the users this shard consolidates sessions of, read before the
+    shard's rows are written: per table of `DATED`, the rows dated after the user's watermark (not a
+    profile, rewritten whole, whose failed re-synthesis keeps the last one), and as "consumed" the
+    pool clusters of sessions up to it marked consumed after it. One read per table for the shard;
+    none finds a row after a run that committed."""
+    users = sorted({s.user_id for s in state.sessions})
+    if not users:
+        return {}
+    marks = {u: state.watermarks[u][0] for u in users}
+    since = lit(min(marks.values()) - timedelta(days=1))       # a coarse filter, then the exact one
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, when in DATED.items():
+        if not store.has_table(name):
+            continue
+        cols = ["id", "user_id", when] + {"graph_nodes": ["node_id"], "summaries": ["level"]}.get(name, [])
+        cond = col(when) > since
+        if name == "clusters":
+            cond = cond | (col("consumed_ts") > since)
+        rows = store.read(name, columns=None if name == "clusters" else cols,
+                          where=users_filter(users) & cond).to_pylist()
+        out[name] = [r for r in rows if r[when] > marks[r["user_id"]] and r.get("level") != "profile"]
+        if name == "clusters":
+            out["consumed"] = [r for r in rows if r[when] <= marks[r["user_id"]]
+                               and r["consumed_ts"] is not None and r["consumed_ts"] > marks[r["user_id"]]]
+    return out
+
+
+def drop_leftovers(store: Store, state: ShardState, left: dict[str, list[dict[str, Any]]]) -> None:
+    """Delete what `leftovers` found and this run did not write again, with the temporal edges and
+    links that touch such a node or cluster (an edge from the last old node to the dead run's first
+    one); put the pool clusters it consumed and this run did not back in the pool."""
+    if not any(left.values()):
+        return
+    users = users_filter(sorted({s.user_id for s in state.sessions}))
+    touched = {c.id for c in touched_clusters(state)}
+    for name in DATED:
+        new = {r["id"] for r in state.extra.get(name, [])} | (touched if name == "clusters" else set()) | (
+            {r["id"] for r in state.insights} if name == "insights" else set())
+        dead = sorted(r["id"] for r in left.get(name, []) if r["id"] not in new)
+        if dead:
+            store.delete(name, users & col("id").isin(dead))
+    ends = {"graph_edges": (["src_id", "dst_id"], sorted({r["node_id"] for r in left.get("graph_nodes", [])}),
+                            {r["id"] for r in state.extra.get("graph_edges", [])}),
+            "links": (["pool_cluster_id", "new_cluster_id"], sorted(r["id"] for r in left.get("clusters", [])),
+                      {lk.id for lk in state.links})}
+    for name, (sides, ids, new) in ends.items():
+        if ids and store.has_table(name):
+            t = store.read(name, columns=["id"], where=users & (col(sides[0]).isin(ids) | col(sides[1]).isin(ids)))
+            if dead := sorted(set(t.column("id").to_pylist()) - new):
+                store.delete(name, users & col("id").isin(dead))
+    reset = [{**r, "consumed_ts": None, "consumed_by": None} for r in left.get("consumed", [])
+             if r["id"] not in touched]
+    if reset:
+        store.upsert("clusters", reset)
 
 
 def pin_session_times(store: Store, state: ShardState) -> int:

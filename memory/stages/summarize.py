@@ -12,21 +12,25 @@ One LLM request per phase (Table 4: a local summary), all phases of the shard in
 request lists the memories about the user, not those citing only an assistant's turns
 (`RetrievalSettings.assistant_speakers`: its advice, most fragments of an assistant chat, which a
 `rules` summary and hence the profile in every context() had quoted); then one
-request per user (Table 5: the global profile, at most 300 words, checked) over all of the user's
-local summaries, oldest first, as a second batch. Summaries are memory rows of the `summaries`
-table (level `phase` or `profile`), embedded, with `source_ids` = the messages their fragments
-cite, so the retriever can search them (kind `summary`).
+request per user (Table 5: the global profile, at most 300 words, checked) over the user's local
+summaries, oldest first, as a second batch: all of them, or the most recent ones when they exceed
+`PROFILE_MAX_CHARS` characters in all, so the request does not grow without bound. Summaries are
+memory rows of the `summaries` table (level `phase` or `profile`), embedded, with `source_ids` = the
+messages their fragments cite, so the retriever can search them (kind `summary`).
 
 Incremental (§3.3.3): only the new fragments of a run are segmented and summarized (a run's batch
-never merges with an older phase), unless some are dated before the end of the last stored phase (a
-late session, or messages appended to an older session): then the user is re-segmented in time
-order (phases whose members did not change get the same ids and prompts, so an LLM backend answers
-them from its cache); the profile is then re-synthesized from every local summary,
-old and new. Phases of sessions newer than the watermark are ignored when reading, so a re-run
-after a crash converges. A user whose stored fragments are not all covered by phases (an older
-store) and every user on `Settings.rebuild_graph` is re-segmented from scratch. A quarantined phase
-summary or profile leaves the user's summaries pending (`memory.stages.load`): a later run
-summarizes the fragments outside every stored phase as new phases and re-synthesizes the profile.
+never merges with an older phase), unless one sorts (`Node.order`) before the last member of the
+last stored phase (a late session, or messages appended to an older session): then the user is
+re-segmented in time order, and a phase whose members did not change (hence its id) keeps its
+stored row, asked nothing (unless this run closed one of its members: `stale_phases`); a phase's
+prompt names no position, so one asked again with the same members (`--rebuild-graph`) is answered
+from the LLM cache. The profile is then re-synthesized from the local summaries, old and new.
+Phases of sessions newer than the watermark are ignored when reading, and `commit` deletes those a
+re-run after a crash does not write again, so it converges. A user whose stored fragments are not
+all covered by phases (an older store) and every user on `Settings.rebuild_graph` is re-segmented
+from scratch. A quarantined phase summary or profile leaves the user's summaries pending
+(`memory.stages.load`): a later run summarizes the fragments outside every stored phase as new
+phases and re-synthesizes the profile.
 """
 from __future__ import annotations
 
@@ -55,6 +59,9 @@ MAX_PHASE = 40
 WINDOW = 3
 DROP_STD = 0.5
 
+#: the profile request reads the most recent phase summaries of at most this many characters in all
+#: (`recent`: about 4,000 tokens; a phase summary has at most 4,000 characters)
+PROFILE_MAX_CHARS = 16_000
 #: what a phase request adds to a replaced fragment it must still quote (every member was replaced)
 REPLACED = " (replaced since)"
 #: a user's plan: (user, its stored phase rows, its new phases as (request context, nodes))
@@ -67,13 +74,15 @@ def summarize(state: ShardState, ctx: StageContext) -> ShardState:
     with timed(state, "summarize"):
         users = set(users_to_update(state, ctx.settings, ("fragment",))) | set(state.summary_retry)
         plans = [plan_user(state, ctx, user) for user in state.users if user in users]
-        if any(p for _, _, p in plans) or state.summary_retry:
+        resegmented = set(state.replace.get("summaries", []))      # their profile too, all phases kept or not
+        if any(p or u in resegmented for u, _, p in plans) or state.summary_retry:
             write_summaries(state, ctx, plans)
     return state
 
 
 def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
-    """The user's stored phases to keep and new phases to summarize (all of them on a re-segmentation).
+    """The user's stored phases to keep and new phases to summarize (all of them on a re-segmentation,
+    but for those whose members did not change: their stored rows are kept, `reused`).
 
     A user whose summaries a quarantine left pending (`state.summary_retry`) also gets its stored
     fragments outside every stored phase summarized as new phases (and its profile again)."""
@@ -83,6 +92,7 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
     batch = new_nodes(state, user, ("fragment",))
     rebuild = ctx.settings.rebuild_graph
     old_rows: list[dict[str, Any]] = []
+    before: list[dict[str, Any]] = []         # the stored phases a re-segmentation may keep
     if not rebuild and stored:
         old = stored_phases(store, user, until)
         covered = int(old["n_items"].sum()) if old.height else 0
@@ -94,11 +104,11 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
             old_rows = old.to_dicts()
         elif covered != len(stored_ids(store, user, until, ("fragment",))):
             log.info("user %s has fragments outside its phases: re-segmenting", user)
-            rebuild = True
-        elif batch and old.height and min(n.session_ts for n in batch) < max(old["end_ts"].to_list()):
+            rebuild, before = True, old.to_dicts()
+        elif batch and old.height and sorts_inside(store, user, batch, old):
             log.info("user %s has fragments dated inside its phases (a late or reopened session): "
                      "re-segmenting in time order", user)
-            rebuild = True
+            rebuild, before = True, old.to_dicts()
         else:
             old_rows = old.to_dicts()
     if rebuild:
@@ -106,14 +116,42 @@ def plan_user(state: ShardState, ctx: StageContext, user: str) -> Plan:
         if stored:
             batch = with_stored(batch, store, user, until, ("fragment",))
     batch.sort(key=Node.order)
-    phases = []
+    phases, kept = [], []
     if batch:
         said = assistant_turns(state, ctx, user, batch)
         closed = superseded(state, ctx, user, batch)
-        vecs = np.stack([n.vector for n in batch])
-        for number, (a, b) in enumerate(segment(vecs), start=len(old_rows) + 1):
-            phases.append((phase_context(user, number, batch[a:b], said, closed), batch[a:b]))
+        keep = reusable(state, user, before)
+        for a, b in segment(np.stack([n.vector for n in batch])):
+            c = phase_context(user, batch[a:b], said, closed)
+            if c["phase_id"] in keep:
+                kept.append(c["phase_id"])
+            else:
+                phases.append((c, batch[a:b]))
+    if kept:                     # written again: the re-segmentation's replace deletes what it does not write
+        rows = store.read("summaries", user, where=col("id").isin(kept)).to_pylist()
+        add_rows(state, "summaries", rows)
+        old_rows = sorted(rows, key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
     return user, old_rows, phases + stale_phases(state, ctx, user, old_rows)
+
+
+def reusable(state: ShardState, user: str, rows: list[dict[str, Any]]) -> set[str]:
+    """Ids of the stored phase `rows` a re-segmentation keeps when it finds them again (the same
+    members, hence the same id): not those with a member this run's supersede stage closed, which
+    `stale_phases` would summarize again anyway."""
+    now = {r["id"] for r in state.extra.get("fragments", []) if r.get("user_id") == user and r.get("superseded_by")}
+    return {r["id"] for r in rows if not now & set(r["member_ids"])}
+
+
+def sorts_inside(store: Store, user: str, batch: list[Node], phases: pl.DataFrame) -> bool:
+    """Whether a new fragment sorts (`Node.order`) before the last member of the stored `phases`:
+    dated before the end of the last phase, or at that time and ordered before its last member (read
+    only then)."""
+    first, end = min(n.order() for n in batch), max(phases["end_ts"].to_list())
+    if first[0] != end:
+        return bool(first[0] < end)
+    last = phases.filter(pl.col("end_ts") == end).to_dicts()
+    members = stored_nodes(store, user, end, ("fragment",), ids={m for r in last for m in r["member_ids"]})
+    return first < max((n.order() for n in members), default=first)
 
 
 def stale_phases(state: ShardState, ctx: StageContext, user: str,
@@ -122,18 +160,18 @@ def stale_phases(state: ShardState, ctx: StageContext, user: str,
     again under their own ids (reading only their members): a phase summary must not state a value
     replaced since. `write_summaries` keeps a stored row whose new summary failed."""
     now = {r["id"] for r in state.extra.get("fragments", []) if r.get("user_id") == user and r.get("superseded_by")}
-    stale = [(i, r) for i, r in enumerate(old_rows, start=1) if now & set(r["member_ids"])]
+    stale = [r for r in old_rows if now & set(r["member_ids"])]
     if not stale:
         return []
     members = {n.id: n for n in stored_nodes(ctx.store, user, state.watermarks[user][0], ("fragment",),
-                                             ids={m for _, r in stale for m in r["member_ids"]})}
+                                             ids={m for r in stale for m in r["member_ids"]})}
     every = list(members.values())           # one read each for all the stale phases' members
     said, closed = assistant_turns(state, ctx, user, every), superseded(state, ctx, user, every)
     out = []
-    for number, row in stale:
+    for row in stale:
         nodes = sorted((members[m] for m in row["member_ids"] if m in members), key=Node.order)
         if nodes:
-            c = phase_context(user, number, nodes, said, closed)
+            c = phase_context(user, nodes, said, closed)
             out.append(({**c, "phase_id": row["id"]}, nodes))
     log.info("user %s: %d stored phase(s) hold a fragment replaced in this run: summarized again", user, len(out))
     return out
@@ -195,7 +233,7 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
                     mine.append(phase_row(c, nodes, prompts.parse_summary(answer), **meta))
             new_rows += mine
             latest = {r["id"]: r for r in old_rows + mine}      # a phase summarized again replaces its row
-            every = sorted(latest.values(), key=lambda r: (r["start_ts"], r["end_ts"], r["id"]))
+            every = recent(sorted(latest.values(), key=lambda r: (r["start_ts"], r["end_ts"], r["id"])))
             if every:
                 profile_plans.append((user, every))
         for q in bad:
@@ -217,6 +255,19 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
         for r, v in zip(rows, vecs):
             r["vector"] = v
         add_rows(state, "summaries", rows)
+
+
+def recent(phases: list[dict[str, Any]], budget: int = PROFILE_MAX_CHARS) -> list[dict[str, Any]]:
+    """The phases (oldest first) whose summaries the profile request reads: the most recent ones whose
+    summaries fit in `budget` characters (at least the last), so the request does not grow with the
+    history; the profile row names them as its members."""
+    out: list[dict[str, Any]] = []
+    for r in reversed(phases):
+        budget -= len(r["content"])
+        if out and budget < 0:
+            break
+        out.append(r)
+    return out[::-1]
 
 
 def stored_phases(store: Store, user: str, until: datetime) -> pl.DataFrame:
@@ -264,13 +315,13 @@ def _sources(nodes: list[Node]) -> list[str]:
     return list(dict.fromkeys(s for n in nodes for s in n.source_ids))
 
 
-def phase_context(user: str, number: int, nodes: list[Node], said: set[str] | None = None,
+def phase_context(user: str, nodes: list[Node], said: set[str] | None = None,
                   closed: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """The summary request's context for one phase of `nodes`: its items are the memories about the
     user that still hold (`summarized`; `said`: the assistant's turn ids, `closed`: replaced fragments)."""
     items = summarized(nodes, said or set(), closed)
     return {"user_id": user, "phase_id": make_id(user, "phase", prompts.SUMMARIZE_VERSION, *[n.id for n in nodes]),
-            "number": number, "start": _day(nodes[0].session_ts), "end": _day(nodes[-1].session_ts),
+            "start": _day(nodes[0].session_ts), "end": _day(nodes[-1].session_ts),
             "items": [{"id": n.id, "date": n.date or _day(n.session_ts),     # a phase of replaced values only
                        "text": n.text + (REPLACED if n.id in closed else "")} for n in items]}
 

@@ -1,7 +1,7 @@
 """The weave stage, MemWeaver behavioral memory (Yu et al., §3.3.1 and §3.3.3): each user's memory graph.
 
 Nodes are the user's fragments and insights in time order (`memory.graph.Node.order`: session time,
-then fragments before insights, then the position of the first cited message). Two kinds of
+then session id, then fragments before insights, then the position of the first cited message). Two kinds of
 undirected edges:
 
 * temporal: consecutive nodes, stored in `graph_edges` with their gap Δt_uv in days and the cosine of
@@ -17,15 +17,17 @@ It is scikit-learn's KMeans with a fixed `random_state` and `n_init` over nodes 
 re-run gives the same labels, and cluster ids are hashes of the user, the batch and the label.
 
 Incremental (§3.3.3): a consolidation run weaves only the user's new memories as one batch, clustered
-on its own; its first node is linked to the last node already woven. A batch holding memories dated
-before the last woven node (a late session, or messages appended to an older session) re-weaves the
-user's whole graph in time order instead, as a rebuild would (no LLM work: K-means and the chain), so
-`seq` and the temporal edges always follow time. Nodes of sessions
-newer than the user's watermark are ignored when reading the stored graph, so a run redone after a crash
-rebuilds the same rows. A user whose stored memories are not all woven (a store consolidated before
-this stage existed, or a rebuild interrupted after its delete) is rebuilt; `Settings.rebuild_graph`
-(`mnemo consolidate --rebuild-graph`) rebuilds every user of the run: all memories as one batch, the
-user's old rows deleted by `commit` before the new ones are written.
+on its own; its first node is linked to the last node already woven. A batch holding a memory that
+sorts before the last woven node (`Node.order`: a late session; messages appended to an older
+session, or to the latest one, whose fragments sort before its insights; a session of the same time
+sorting first) re-weaves the user's whole graph in time order instead, as a rebuild would (no LLM work:
+K-means and the chain), so `seq` and the temporal edges always follow that order. Nodes of sessions
+newer than the user's watermark are ignored when reading the stored graph, and `commit` deletes those
+a run redone after a crash does not write again, so it converges. A user whose stored memories are
+not all woven (a store consolidated before this stage existed, or a rebuild interrupted after its
+delete) is rebuilt; `Settings.rebuild_graph` (`mnemo consolidate --rebuild-graph`) rebuilds every
+user of the run: all memories as one batch, the user's old rows deleted by `commit` once the new
+ones are written.
 """
 from __future__ import annotations
 
@@ -35,14 +37,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from lancedb.expr import col, lit
 
-from memory.graph import Node, days, stored_ids, with_stored
+from memory.graph import Node, days, stored_ids, stored_nodes, with_stored
 from memory.ids import make_id
-from memory.schemas import MEMORY_TABLES
 from memory.stages.shard import (ShardState, StageContext, add_rows, frame, has_stored, new_nodes, replace_user,
                                  timed, users_to_update)
-from memory.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +74,15 @@ def weave(state: ShardState, ctx: StageContext) -> ShardState:
                     rebuild = True
                 elif woven.height:
                     tail = woven.sort("seq").row(-1, named=True)
-                    last = dict(tail)
-                    last["vector"] = vector_of(store, user, tail["node_id"])
-                    if last["vector"] is None:
-                        rebuild, last = True, None
-                    elif batch and min(n.session_ts for n in batch) < tail["session_ts"]:
-                        log.info("user %s has memories dated inside its graph (a late or reopened session): "
-                                 "re-weaving it in time order", user)
-                        rebuild, last = True, None
+                    found = stored_nodes(store, user, until, ids=[tail["node_id"]])
+                    if not found:
+                        rebuild = True
+                    elif batch and min(n.order() for n in batch) < found[0].order():
+                        log.info("user %s has memories ordered inside its graph (a late or reopened session, "
+                                 "one of the same time): re-weaving it in time order", user)
+                        rebuild = True
+                    else:
+                        last = {**tail, "vector": found[0].vector}
             if rebuild:
                 replace_user(state, "graph_nodes", user)
                 replace_user(state, "graph_edges", user)
@@ -163,11 +163,3 @@ def weave_batch(user: str, nodes: list[Node], last: dict[str, Any] | None, run_i
         edge(a.id, b.id, a.session_ts, b.session_ts, va, vb)
     return node_rows, edges
 
-
-def vector_of(store: Store, user: str, node_id: str) -> np.ndarray | None:
-    """The stored vector of one memory (fragment or insight) of the user, or None."""
-    for kind in ("fragment", "insight"):
-        t = store.read(MEMORY_TABLES[kind], user, columns=["id", "vector"], where=col("id") == lit(node_id))
-        if t.num_rows:
-            return np.asarray(t.column("vector")[0].as_py(), dtype=np.float32)
-    return None

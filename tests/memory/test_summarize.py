@@ -48,11 +48,11 @@ def test_segments_respect_min_and_max_sizes() -> None:
 
 
 def test_prompts_follow_tables_4_and_5() -> None:
-    phase = {"user_id": "u", "phase_id": "p", "number": 2, "start": "2023-05-01", "end": "2023-05-09",
+    phase = {"user_id": "u", "phase_id": "p", "start": "2023-05-01", "end": "2023-05-09",
              "items": [{"id": "f1", "date": "2023-05-01", "text": "hiking: Ann hikes"}]}
     req = prompts.summarize_request(phase)
     assert req.messages[0]["content"] == "You are an expert at analyzing user behavior patterns."
-    assert "Cluster 2 Activities (1 records" in req.messages[1]["content"]
+    assert "**Cluster Activities (1 records, 2023-05-01 to 2023-05-09):**" in req.messages[1]["content"]
     assert "preferences and behavior patterns" in req.messages[1]["content"]
     preq = prompts.profile_request({"user_id": "u", "summaries": [{"id": "p", "start": "a", "end": "b", "text": "S1"}]})
     assert preq.messages[0]["content"] == "You are an expert at creating concise user preference summaries."
@@ -198,9 +198,9 @@ def test_a_phase_of_advice_only_is_still_summarized() -> None:
         return Node(id=f"f{i}", kind="fragment", session_ts=datetime(2024, 1, 1, tzinfo=UTC), position=i,
                     vector=np.zeros(4, np.float32), source_ids=[source], text=f"t{i}")
     mixed = [node(0, "m0"), node(1, "m1"), node(2, "m1")]
-    assert [it["id"] for it in phase_context("u", 1, mixed, {"m1"})["items"]] == ["f0"]
-    assert [it["id"] for it in phase_context("u", 1, mixed[1:], {"m1"})["items"]] == ["f1", "f2"]
-    assert phase_context("u", 1, mixed, {"m1"})["phase_id"] == phase_context("u", 1, mixed)["phase_id"]
+    assert [it["id"] for it in phase_context("u", mixed, {"m1"})["items"]] == ["f0"]
+    assert [it["id"] for it in phase_context("u", mixed[1:], {"m1"})["items"]] == ["f1", "f2"]
+    assert phase_context("u", mixed, {"m1"})["phase_id"] == phase_context("u", mixed)["phase_id"]
 
 
 def test_a_replaced_value_leaves_the_phases_and_the_profile(tmp_path: Path) -> None:
