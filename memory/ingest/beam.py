@@ -137,7 +137,7 @@ def read_beam(path: Path, user_id: str | None = None) -> Reader:
 def _read_chat(chat: list[Any], user: str, label: str) -> Reader:
     slots: list[tuple[str, str, Any, Any]] = []  # session id, source, message, its anchor
     for b, batch in enumerate(chat):
-        source = f"{label}:batch {b}"
+        source = f"{label}:{user}/batch {b}"  # names the user, as its messages' sources do
         turns = batch.get("turns") if isinstance(batch, dict) else None
         number = batch.get("batch_number") if isinstance(batch, dict) else None
         if not isinstance(turns, list):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any, Iterator
 
 import polars as pl
@@ -144,9 +144,11 @@ def parse_time(value: Any, fmt: str | None = None) -> datetime | None:
 
 
 def parse_stamp(value: Any) -> tuple[datetime, int | None] | None:
-    """An ISO 8601 timestamp (or a datetime) parsed once: (aware UTC datetime, the UTC offset in
-    minutes it gave, None when it gave none), kept so dates are read in the speaker's time; None
-    if unparsable (as `parse_time`)."""
+    """An ISO 8601 timestamp (or a datetime, or a date: midnight UTC, as its ISO string) parsed once:
+    (aware UTC datetime, the UTC offset in minutes it gave, None when it gave none), kept so dates are
+    read in the speaker's time; None if unparsable (as `parse_time`)."""
+    if isinstance(value, date) and not isinstance(value, datetime):   # a Parquet date32 / date64
+        value = datetime(value.year, value.month, value.day)
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.strip())

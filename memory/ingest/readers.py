@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memory.errors import IngestError
@@ -43,9 +45,10 @@ def _read_locomo(path: Path, data: Any) -> Reader:
         if not isinstance(conv, dict):
             yield "bad", quarantine_row(user, f"{path.name}:sample {i}", "missing field: conversation", dump_raw(sample))
             continue
-        numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
-        for n in numbers:
-            sid, turns, when = f"session_{n}", conv[f"session_{n}"], conv.get(f"session_{n}_date_time")
+        # the keys as written (`session_01` stays `session_01`), in the order of their numbers
+        keys = sorted((int(m.group(1)), k) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
+        for _, sid in keys:
+            turns, when = conv[sid], conv.get(f"{sid}_date_time")
             ts = parse_time(when, _LOCOMO_TIME)
             if not isinstance(turns, list):
                 yield "bad", quarantine_row(user, f"{path.name}:{user}/{sid}", NOT_A_LIST, dump_raw(turns))
@@ -195,9 +198,18 @@ def _read_parquet(path: Path) -> Reader:
                           archive=str(path), missing=missing)
     n = 0
     for batch in pf.iter_batches(batch_size=65536):
-        for row in batch.to_pylist():
+        for row in _microseconds(batch).to_pylist():
             yield from_mapping(row, f"{path.name}:row {n}", dump_raw(row))
             n += 1
+
+
+def _microseconds(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` with its nanosecond timestamp columns floored to microseconds (a Python datetime holds
+    no nanoseconds; an ISO string's extra digits are dropped the same way), their time zone kept."""
+    cols = [pc.floor_temporal(c, unit="microsecond").cast(pa.timestamp("us", c.type.tz))
+            if pa.types.is_timestamp(c.type) and c.type.unit == "ns" else c for c in batch.columns]
+    return pa.RecordBatch.from_arrays(cols, schema=pa.schema(
+        [f.with_type(c.type) for f, c in zip(batch.schema, cols)], metadata=batch.schema.metadata))
 
 
 def read_rows(path: Path, fmt: str, data: Any, user_id: str | None = None) -> Reader:

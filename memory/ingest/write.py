@@ -26,7 +26,7 @@ from memory.ingest.validate import read_archive, sessions_frame
 from memory.store import Store
 
 __all__ = ["IngestReport", "ingest", "ingest_batch", "StoredBatch", "store_batch", "count_reasons",
-           "consolidated_sessions"]
+           "consolidated_sessions", "quarantine_id"]
 
 log = logging.getLogger(__name__)
 
@@ -227,11 +227,22 @@ def _new_observations(store: Store, observations: pl.DataFrame) -> pl.DataFrame:
     return observations.filter(~pl.col("id").is_in(have))
 
 
+def quarantine_id(row: dict[str, Any]) -> str:
+    """The deterministic id of an ingest quarantine row: its user (when it has one), source, reason and
+    raw text, so the same bad record ingested for two users is two rows, each its user's."""
+    parts = (row["source"], row["reason"], row["raw"])
+    return make_id(*parts) if row["user_id"] is None else make_id(row["user_id"], *parts)
+
+
 def _new_quarantine(store: Store, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
-    """Quarantine rows with their deterministic ids, minus those already set aside by an earlier run."""
+    """Quarantine rows with their deterministic ids, minus those already set aside by an earlier run
+    (also one stored, for the same user, under the id of an older version, which named no user)."""
     now = datetime.now(timezone.utc)
-    by_id = {make_id(r["source"], r["reason"], r["raw"]): r for r in rows}
+    by_id = {quarantine_id(r): r for r in rows}
     if not by_id:
         return []
-    have = set(store.read_ids("quarantine", list(by_id), columns=["id"]).column("id").to_pylist())
-    return [{**r, "id": qid, "run_id": run_id, "created_at": now} for qid, r in by_id.items() if qid not in have]
+    older = {qid: make_id(r["source"], r["reason"], r["raw"]) for qid, r in by_id.items() if r["user_id"] is not None}
+    have = {q["id"]: q["user_id"] for q in store.read_ids(
+        "quarantine", sorted(set(by_id) | set(older.values())), columns=["id", "user_id"]).to_pylist()}
+    return [{**r, "id": qid, "run_id": run_id, "created_at": now} for qid, r in by_id.items()
+            if qid not in have and not (qid in older and have.get(older[qid], "") == r["user_id"])]

@@ -236,7 +236,8 @@ def test_jsonl_bad_rows_are_quarantined_with_reasons(tmp_path: Path, store: Stor
     assert "\\ud800" in q["lone surrogate in text"]["raw"]
     assert q["invalid user_id"]["user_id"] is None and "DROP TABLE" in q["invalid user_id"]["raw"]
     for r in q.values():
-        assert r["id"] == make_id(r["source"], r["reason"], r["raw"]) and r["stage"] == "ingest"
+        owner = [r["user_id"]] if r["user_id"] is not None else []   # a row of a user: its id names the user
+        assert r["id"] == make_id(*owner, r["source"], r["reason"], r["raw"]) and r["stage"] == "ingest"
         assert r["run_id"] == report.run_id
 
     alice = {r["message_id"]: r for r in store.read("messages", "alice").to_pylist()}
