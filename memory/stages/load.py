@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from lancedb.expr import col
 
 from memory.ids import progress_id, validate_user_id
 from memory.settings import Settings
@@ -122,9 +123,9 @@ def add_sessions(store: Store, state: ShardState, user: str, planned: list[Plann
 
     A new session's messages are all (re)embedded and written; a reopened one's only those never
     embedded, the others keep their stored vectors (carried in the session's messages)."""
-    msgs = frame(store.read("messages", user)).filter(
-        pl.col("session_id").is_in([p[0]["session_id"] for p in planned])).sort(["session_id", "seq"])
-    obs = (frame(store.read("observations", user))
+    wanted = sorted({p[0]["session_id"] for p in planned})   # read only these sessions, not the whole history
+    msgs = frame(store.read("messages", user, where=col("session_id").isin(wanted))).sort(["session_id", "seq"])
+    obs = (frame(store.read("observations", user, where=col("session_id").isin(wanted)))
            if any(p[0]["observed"] and p[1] not in ("topics", "reason") for p in planned) else None)
     by_session = {k[0]: g for k, g in msgs.group_by(["session_id"], maintain_order=True)}
     for s, mode, start, end, retrying in planned:
