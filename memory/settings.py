@@ -263,6 +263,12 @@ class Settings(BaseModel):
                                                      "assistant turns, the first extracted; None: all. Retrieval "
                                                      "never searches them; they feed topics and insights")
 
+    extract_window_messages: int | None = Field(12, ge=1, description="messages per extraction request to a "
+                                                "model (not `rules`): a longer session is split into windows "
+                                                "of consecutive messages, so that what they say fits the "
+                                                "answer's token limit (at MNEMO_LLM_MAX_TOKENS 2048 the decoded "
+                                                "schema holds 18-24 items); None: one request per session")
+
     # PREMem linking
     theta: float = Field(0.6, description="centroid cosine above which clusters link (PREMem θ)")
     max_clusters: int = 8

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import date
 from typing import Any
 
+from memory.errors import InvalidAnswerError
 from memory.llm.base import LLMRequest
 from memory.prompts.common import chat
 
 __all__ = ["EXTRACT_VERSION", "REASON_VERSION", "DATE_PATTERN", "CATEGORY_KEYS", "INFERENCE_ALIASES",
            "EXTRACT_SCHEMA", "REASON_SCHEMA", "EXTRACT_SYSTEM", "REASON_SYSTEM", "extract_request",
-           "parse_extraction", "reason_request", "parse_reasoning"]
+           "parse_extraction", "validate_extraction", "reason_request", "parse_reasoning"]
 
 EXTRACT_VERSION = "premem-extract-v1"
 #: v2: fragments are numbered [F1]... and a transformation may name the fragment it supersedes (issue 12)
@@ -150,19 +151,44 @@ def extract_request(session: dict[str, Any]) -> LLMRequest:
 
 
 def parse_extraction(answer: dict[str, Any], message_ids: set[str]) -> list[dict[str, Any]]:
-    """Schema-valid extraction answer -> fragment dicts; items citing unknown message ids, with a
-    subject, key or value of whitespace only, or a date no calendar has ("2024-02-30") are dropped."""
+    """Schema-valid extraction answer -> fragment dicts. A cited id written as the prompt shows it
+    ("[msg-301]", spaces around) reads as the shown id; items citing other ids, with a subject, key or
+    value of whitespace only, or a date no calendar has ("2024-02-30") are dropped."""
     out = []
     for cat_key, category in CATEGORY_KEYS.items():
         for item in answer.get(cat_key, []):
-            if item["message_id"] not in message_ids or not _real_date(item["date"]) \
+            cited = _shown_id(item["message_id"], message_ids)
+            if cited is None or not _real_date(item["date"]) \
                     or not all(item[k].strip() for k in ("subject", "key", "value")):
                 continue
             out.append({
                 "subject": item["subject"].strip(), "category": category, "key": item["key"].strip(),
-                "content": item["value"].strip(), "date": item["date"], "source_ids": [item["message_id"]],
+                "content": item["value"].strip(), "date": item["date"], "source_ids": [cited],
             })
     return out
+
+
+def validate_extraction(answer: dict[str, Any], message_ids: set[str]) -> None:
+    """The runner's extra check on an extraction answer: one with items keeps at least one (else
+    InvalidAnswerError: asked again, then quarantined with its raw text, the session's extraction left
+    pending). An answer with no items (nothing personal said) is valid; one with some bad items keeps
+    the good ones (`parse_extraction`)."""
+    items = [item for k in CATEGORY_KEYS for item in answer.get(k, [])]
+    if items and not parse_extraction(answer, message_ids):
+        raise InvalidAnswerError(
+            f"none of the {len(items)} items is usable (the first cites {items[0]['message_id']!r}, dated "
+            f"{items[0]['date']!r}): each must cite the exact message_id of a message shown (without the "
+            "brackets), a real date and a non-empty subject, key and value", items=len(items))
+
+
+def _shown_id(cited: str, message_ids: set[str]) -> str | None:
+    """The shown message id an item cites, tolerating the prompt's decoration ("[id]", spaces)."""
+    if cited in message_ids:
+        return cited
+    bare = cited.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1].strip()
+    return bare if bare in message_ids else None
 
 
 def _real_date(text: str) -> bool:
