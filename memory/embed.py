@@ -193,8 +193,10 @@ def recorded_embedder(store: "Store") -> str | None:
         return None
     from lancedb.expr import col, lit
 
-    # NULL != '' is not true; `read` sees the latest version even on a store opened without read consistency
-    t = store.read("messages", columns=["embed_model"], where=col("embed_model") != lit(""), limit=1)
+    tbl = store.table("messages")
+    tbl.checkout_latest()   # the latest version, on a store opened without read consistency too (a service)
+    t = (tbl.search().where(col("embed_model") != lit(""))  # NULL != '' is not true
+         .select(["embed_model"]).limit(1).to_arrow())
     return str(t.column("embed_model")[0].as_py()) if t.num_rows else None
 
 
