@@ -19,8 +19,23 @@ How it works, and the choices made where the paper is silent:
 * Relative past spans ("last week", "last month", "last year", "N days ago") take the date dateparser
   computes from the message date: "last week" is the message date minus 7 days, "last month" minus one
   month, "last year" minus one year (not the first day of that period).
-* A bare month or year ("in March", "in 2022") becomes the first day of that month or year (the
-  most recent such month in the past, or the next one for plans).
+* A bare month or year ("in March", "in 2022") becomes the first day of that month or year; a
+  plan with a month ("going to move in March") is ``After <message date>``.
+* A day or month said without a year ("on July 10th", "in March") has two candidate occurrences,
+  the latest on or before the message date and the first on or after it (a month's distance is to
+  its nearest day, so the current month is at distance 0). The *nearer* one is taken: the tense of
+  the sentence alone cannot place the date, since a past verb often names the arranging of a later
+  event ("booked the flights for July 10th", "signed up for the race on May 18th", "bought tickets
+  for the concert on January 5th"), and a progressive names a plan ("are moving in March"). The tense
+  only breaks near-ties: a past verb counts the past occurrence, a plan (has_future_intent) the
+  future one, as `_TENSE_WEIGHT` (3) times nearer, so said on 8 May "I visited Japan in September"
+  is September of last year (220 days back against 116 ahead), while "I booked a room for
+  June 2nd" is this June (25 days ahead against 340 back). A span that marks the past itself
+  ("back in March", "since March"; "last July" is a relative past span) takes the past occurrence.
+  The regex cannot tell whether a past verb governs the date ("on July 4th I went", said on 1 July,
+  reads as this July 4th, three days ahead): a past event a year back is normally said with "last
+  year", a booking a few days ahead with nothing more. Weekdays ("on Saturday") are not weighed:
+  within a week the tense decides (a past verb: the last one; a plan: the next one).
 * Future: a *specific* day ("tomorrow", "next Friday", "in 3 days", "on 3 June" in a plan) becomes that
   absolute date; a vague future ("next month", "next year", "in two weeks", "will", "going to",
   "plan to", "want to", "next summer") becomes ``After <message date>``.
@@ -49,6 +64,8 @@ _NUM = (r"(?:\d{1,3}|a|an|one|two|three|four|five|six|seven|eight|nine|ten|eleve
 _UNIT = r"(?:days?|weeks?|weekends?|months?|years?)"
 _ORD = r"\d{1,2}(?:st|nd|rd|th)?"
 _YEAR = r"(?:19|20)\d{2}"
+#: "last" after an article or a possessive ("her" may be an object) is "final" ("my last night shift", "the last week of May")
+_FINAL = r"(?<!\bmy\s)(?<!\bour\s)(?<!\bthe\s)(?<!\bhis\s)(?<!\byour\s)(?<!\btheir\s)"
 
 # Alternatives in priority order; named groups say what kind of span matched.
 _TIME_RE = re.compile(
@@ -58,9 +75,9 @@ _TIME_RE = re.compile(
     rf"|(?P<dmy>(?:the\s+)?{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?)"
     rf"|(?P<mdy>{_MONTH}\s+{_ORD}(?:,?\s+{_YEAR})?)(?![\d:])"
     # relative past
-    r"|(?P<past>the\s+day\s+before\s+yesterday|yesterday|last\s+night"
+    rf"|(?P<past>the\s+day\s+before\s+yesterday|yesterday|{_FINAL}last\s+night"
     rf"|(?:this\s+)?past\s+(?:weekend|{_WEEKDAY})"
-    rf"|last\s+(?:weekend|week|month|year|{_WEEKDAY}(?:\s+(?:night|morning|afternoon|evening))?|{_MONTH})"
+    rf"|{_FINAL}last\s+(?:weekend|week|month|year|{_WEEKDAY}(?:\s+(?:night|morning|afternoon|evening))?|{_MONTH})"
     rf"|{_NUM}\s+{_UNIT}\s+ago)"
     # today
     r"|(?P<today>today|tonight|this\s+(?:morning|afternoon|evening))"
@@ -206,6 +223,33 @@ def _nearest(base: date, a: date | None, b: date | None) -> date | None:
     return a if abs((base - a).days) <= abs((b - base).days) else b
 
 
+#: how many times nearer a tense cue counts the occurrence on its side (past verb: the past one,
+#: plan: the future one) when a yearless date has one on each side of the message date
+_TENSE_WEIGHT = 3
+#: spans that place their month in the past whatever the tense ("back in March", "since June")
+_PAST_SPAN_RE = re.compile(r"(?:back\s+in|since)\s", re.IGNORECASE)
+
+
+def _month_end(d: date) -> date:
+    nxt = date(d.year + (d.month == 12), d.month % 12 + 1, 1)
+    return nxt - timedelta(days=1)
+
+
+def _occurrence(expr: str, base: date, lean: str, month: bool) -> date | None:
+    """The occurrence of a possibly yearless date `expr` the module doc's rule picks: the nearer of
+    the latest one on or before `base` and the first one on or after it, the side `lean` ("past",
+    "future" or "") names counted `_TENSE_WEIGHT` times nearer; a past-marking span takes the past
+    one. `month`: `expr` names a month (its first day is returned, its distance is to its nearest day)."""
+    before, after = _parse(expr, base, "past", True), _parse(expr, base, "future", True)
+    if before is None or after is None or before == after:   # a year was given, or no date
+        return before or after
+    if _PAST_SPAN_RE.match(expr):
+        return before
+    back = max((base - (_month_end(before) if month else before)).days, 0) / (_TENSE_WEIGHT if lean == "past" else 1)
+    ahead = max((after - base).days, 0) / (_TENSE_WEIGHT if lean == "future" else 1)
+    return before if back <= ahead else after
+
+
 def normalize_date(text: str, message_ts: datetime | date | str, category: str | None = None) -> str:
     """PREMem date of one statement: ``YYYY-MM-DD``, ``Before YYYY-MM-DD`` or ``After YYYY-MM-DD``.
 
@@ -224,12 +268,12 @@ def normalize_date(text: str, message_ts: datetime | date | str, category: str |
             return f"After {day}"
         if kind == "today":
             return day
-        if kind in ("iso", "dmy", "mdy", "weekday"):
-            first = kind != "weekday"
-            if future or has_past_tense(text):
-                got = _parse(expr, base, "future" if future else "past", first)
-            else:  # no tense cue ("it is due on June 3"): the occurrence nearest the message date
-                got = _nearest(base, _parse(expr, base, "past", first), _parse(expr, base, "future", first))
+        lean = "future" if future else "past" if has_past_tense(text) else ""
+        if kind == "weekday":   # within a week the tense decides; no cue: the nearest day
+            got = (_parse(expr, base, lean, False) if lean else
+                   _nearest(base, _parse(expr, base, "past", False), _parse(expr, base, "future", False)))
+        elif kind in ("iso", "dmy", "mdy"):
+            got = _occurrence(expr, base, lean, month=False)
         elif kind == "past":
             got = _parse(expr, base, "past", False)
         elif kind == "future":
@@ -237,7 +281,7 @@ def normalize_date(text: str, message_ts: datetime | date | str, category: str |
         else:  # month / year: first day of it; a vague period when it is a plan
             if future:
                 return f"After {day}"
-            got = _parse(expr, base, "past", True)
+            got = _occurrence(expr, base, lean, month=kind == "month")
         if got is not None:
             return got.isoformat()
     if category == "experiential" and has_past_tense(text):

@@ -6,7 +6,7 @@ Deterministic, English-only, regex based:
   from cue words (PREMem Figure 3 keywords, extended) and the tense of its time expression.
 * :func:`third_person`: first-person singular references rewritten as a named subject.
 * :func:`key_phrase`: a short key (2-4 content words) for a statement.
-* :func:`split_sentences`: a regex sentence split on . ! ? and line breaks.
+* :func:`split_sentences`: a regex sentence split on . ! ? and line breaks, not after "Dr." etc.
 * :func:`is_content`, :func:`content_tokens`: content-word tests (stopwords, pronouns, cue verbs,
   time words and past participles are not content); :func:`cap_words`: the first n words.
 * :data:`TOKEN_RE`, :data:`CAPITALIZED_RE`, :data:`NOT_ENTITY`: word tokens, capitalized words that
@@ -101,6 +101,10 @@ agree agreed cause 'cause cuz gotta wanna yourself ourselves chose decided tried
 """)
 
 _SENT_SPLIT_RE = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+")
+# no splitter installed (nltk, pysbd, spaCy): none after a title, vs., e.g., i.e., an initial after a name before a capital
+# (John F. Kennedy) or before an initial (J. K.; not "C and F. We"), etc. or U.S., a.m. before a lowercase word or digit
+_ABBREV_RE = re.compile(r"(?:\b(?:Mrs?|Ms|Dr|St|Jr|Sr|Prof|Mt|vs|e\.g|i\.e)|(?P<named>(?:\b[A-Z][a-z]+|(?<![\w.])[A-Z]\.)\s[A-HJ-Z])"
+                        r"|(?P<bare>(?<![\w.])[A-HJ-Z])|(?P<lower>\betc|(?<![\w.])(?:[A-Za-z]\.)+[A-Za-z]))\.$")
 CAPITALIZED_RE = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][A-Za-z]+|[A-Z]{2,}[A-Za-z+]*)")
 TOKEN_RE = re.compile(r"[A-Za-z][A-Za-z'\-+]*|\d+")
 NOT_ENTITY = _words("""I I'm I've I'll I'd The A An And But So My We Our It This That Mom Dad OK Ok Okay
@@ -184,13 +188,13 @@ _I_RE = re.compile(
 )
 _OBJ_RE = re.compile(r"(?<![\w'\u2019-])(?:(?P<my>[Mm]y)|(?P<mine>[Mm]ine)|(?P<myself>[Mm]yself)|(?P<me>[Mm]e))(?![\w'\u2019-])")
 _NO_CONJ = _words(f"""{_ADVERBS.replace('|', ' ')} can could will would shall should may might must was
-were had did used didn't can't couldn't won't wouldn't shouldn't wasn't weren't hadn't mustn't
+were are aren't had did used didn't can't couldn't won't wouldn't shouldn't wasn't weren't hadn't mustn't
 too myself and or but as so to in at on for with a an the of that if when because who sort kind
 mean guess""")
 # past forms and participles; not "bit", which is mostly "a bit"
 _PAST_SET = (frozenset(IRREGULAR_PAST) - {"bit"}) | _words("quit let hit cut been gone done seen")
 _CONJ_MAP = {"am": "is", "have": "has", "do": "does", "don't": "doesn't", "haven't": "hasn't",
-             "go": "goes", "aren't": "isn't", "ain't": "isn't", "'m": "is"}
+             "go": "goes", "ain't": "isn't", "'m": "is"}
 
 
 _STOP = _STOP | _PAST_SET | frozenset(w for w in re.findall(r"[a-z]+", _EXP_VERBS) if len(w) > 3)
@@ -209,12 +213,26 @@ def _conjugate(verb: str) -> str:
     return verb + "s"
 
 
+#: "Emma and I", "my wife and I", "you and I" opening a clause: a plural subject, whose verb stays
+_WITH_I_RE = re.compile(r"(?:^|[,;:(]\s*|\b(?:when|because|so|but|since|that|while|after|before|then)\s+)"
+                        r"(?P<np>(?:[Mm]y|[Oo]ur|[Tt]he|[Hh]is|[Hh]er|[Tt]heir|[Yy]our|[Yy]ou|[Hh]e|[Ss]he|[A-Z][a-z]+)(?:\s+[A-Za-z'-]+){0,2})\s+and\s+$")
+_NOT_IN_NP = _words("i we they it is am are was were be been has have had do does did not to on in at of for with from into about by this that so")
+
+
+def _with_i(before: str) -> bool:
+    """Does `before` end with "<noun phrase> and " that makes the next "I" part of a plural subject?"""
+    m = _WITH_I_RE.search(before)
+    return m is not None and not any(w in _NOT_IN_NP or w in _PAST_SET or w.endswith(("ed", "n't"))
+                                     for w in m.group("np").lower().split()[1:])   # no function word, no verb
+
+
 def third_person(sentence: str, subject: str) -> str:
     """Rewrite first-person singular references as the `subject` in the third person.
 
     I -> Subject (with the verb agreed: "I love" -> "Subject loves", "I have" -> "Subject has"),
     I'm -> Subject is, I've -> Subject has, I'll -> Subject will, I'd -> Subject would (had before a
-    participle), my/mine -> Subject's, me -> Subject, myself -> themself. "we"/"our" are left as they are.
+    participle), my/mine -> Subject's, me -> Subject, myself -> themself. "we"/"our" are left as they are,
+    and so is the verb of a plural subject ("Emma and I are" -> "Emma and Subject are", I've -> have).
     """
     name = subject.strip() or "The speaker"
 
@@ -225,8 +243,9 @@ def third_person(sentence: str, subject: str) -> str:
         tail = f" {verb}" if verb else ""
         if contr == "'m":
             return f"{name} is{adv}{tail}"
+        plural = _with_i(m.string[:m.start()])
         if contr == "'ve":
-            return f"{name} has{adv}{tail}"
+            return f"{name} {'have' if plural else 'has'}{adv}{tail}"
         if contr == "'ll":
             return f"{name} will{adv}{tail}"
         if contr == "'d":
@@ -235,7 +254,7 @@ def third_person(sentence: str, subject: str) -> str:
             return f"{name} {aux}{adv}{tail}"
         if verb is None:
             return name
-        return f"{name}{adv} {_conjugate(verb)}"
+        return f"{name}{adv} {verb if plural else _conjugate(verb)}"
 
     def obj_sub(m: re.Match[str]) -> str:
         if m.group("my") or m.group("mine"):
@@ -354,8 +373,16 @@ def _prose(text: str) -> str:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Regex sentence split on . ! ? and line breaks (fast; abbreviations are not special-cased)."""
-    return [s.strip() for s in _SENT_SPLIT_RE.split(text) if s and s.strip()]
+    """Regex sentence split on . ! ? and line breaks, not after an abbreviation (`_ABBREV_RE`)."""
+    out, start = [], 0
+    for m in _SENT_SPLIT_RE.finditer(text):
+        ab = None if "\n" in m.group() else _ABBREV_RE.search(text, max(start, m.start() - 20), m.start())
+        nxt = text[m.end():m.end() + 2]
+        if not ab or not (nxt[:1].islower() or nxt[:1].isdigit() if ab["lower"] else nxt[:1].isupper()
+                          and (ab["bare"] is None or nxt[1:] == ".") if ab["named"] or ab["bare"] else True):
+            out.append(text[start:m.start()])
+            start = m.end()
+    return [s.strip() for s in out + [text[start:]] if s.strip()]
 
 
 def content_tokens(text: str, exclude: set[str]) -> list[str]:
