@@ -10,8 +10,9 @@
   answer is recorded under the original request.
 - `replay`: the cache is the only source; the backend raises ReplayMissError for any miss.
 - Non-live backends (`rules`, test fakes): no cache.
-- An answer that is not JSON, violates `request.schema` or fails the `validate` callback (which
-  raises a ValueError, e.g. `memory.errors.InvalidAnswerError`) is asked again once (same request
+- An answer that is not JSON, violates `request.schema` or fails the `validate` callback (called with
+  the answer and its request, so it may check what that request showed; it raises a ValueError, e.g.
+  `memory.errors.InvalidAnswerError`) is asked again once (same request
   plus a user message quoting the error); still bad -> `Quarantined`.
 - Backends report per-request failures as `LLMResponse.error` with its `error_kind`:
   `transient` (default) -> LLMTransientError, `fatal` -> LLMError, `rejected` -> quarantined. Errors
@@ -38,6 +39,9 @@ from memory.llm.cache import ResponseCache
 from memory.llm.structured import without_null_optionals
 
 log = logging.getLogger(__name__)
+
+#: a semantic check of one parsed answer given its request: raises a ValueError when invalid
+Validator = Callable[[dict[str, Any], LLMRequest], None]
 
 _RAW_LOG = 200
 _ERR_QUOTE = 300
@@ -105,7 +109,7 @@ class LLMRunner:
     def run(
         self,
         requests: list[LLMRequest],
-        validate: Callable[[dict[str, Any]], None] | None = None,
+        validate: Validator | None = None,
     ) -> tuple[list[dict[str, Any] | None], list[Quarantined]]:
         """One parsed answer per request (None where quarantined), and the quarantined requests."""
         answers: list[dict[str, Any] | None] = [None] * len(requests)
@@ -170,7 +174,7 @@ class LLMRunner:
 
     # -- helpers --------------------------------------------------------------------------
     def _fetch(self, requests: list[LLMRequest], keys: list[str],
-               validate: Callable[[dict[str, Any]], None] | None) -> list[LLMResponse]:
+               validate: Validator | None) -> list[LLMResponse]:
         """One response per request: the recorded one where the cache holds a usable answer (marked
         `cached`), the rest from one backend batch in which identical live requests are sent once.
         A recorded answer that does not validate is used only by `replay` and by a deterministic live
@@ -188,7 +192,7 @@ class LLMRunner:
                     continue
                 cut = row.get("truncated_at")
                 reuse = reuse_invalid and not (self.backend.live and cut is not None and (limit or 0) > cut)
-                if not reuse and check(row["response"], requests[i].schema, validate)[0] is None:
+                if not reuse and check(row["response"], requests[i].schema, bound(validate, requests[i]))[0] is None:
                     log.warning("cached %s answer %s does not validate; asking again", requests[i].task, key)
                     continue
                 out[i] = LLMResponse(text=row["response"], tokens_in=int(row.get("tokens_in") or 0),
@@ -226,7 +230,7 @@ class LLMRunner:
         return responses
 
     @staticmethod
-    def _sort(i: int, resp: LLMResponse, request: LLMRequest, validate: Callable[[dict[str, Any]], None] | None,
+    def _sort(i: int, resp: LLMResponse, request: LLMRequest, validate: Validator | None,
               failed: list[tuple[int, LLMResponse]], rejected: list[tuple[int, str]],
               bad: list[tuple[int, str | None, str]]) -> dict[str, Any] | None:
         """The parsed answer of a valid response; else file the response under failed, rejected or bad."""
@@ -236,7 +240,7 @@ class LLMRunner:
             else:
                 failed.append((i, resp))
             return None
-        answer, problem = check(resp.text, request.schema, validate)
+        answer, problem = check(resp.text, request.schema, bound(validate, request))
         if answer is None:
             bad.append((i, resp.text, problem or "invalid"))
         return answer
@@ -255,6 +259,11 @@ class LLMRunner:
         if fatal:
             raise LLMError(msg + "; not worth retrying", **ctx)
         raise LLMTransientError(msg, **ctx)
+
+
+def bound(validate: Validator | None, request: LLMRequest) -> Callable[[dict[str, Any]], None] | None:
+    """`validate` for the answers of `request` (what `check` calls)."""
+    return None if validate is None else lambda answer: validate(answer, request)
 
 
 def check(text: str | None, schema: dict[str, Any],

@@ -19,9 +19,7 @@ An answer with items none of which is usable (each cites a message its request d
 the prompt's "[id]" decoration is read as the id, or has an impossible date or a blank field) is
 invalid (`prompts.premem.validate_extraction`): asked again once, then quarantined with its raw
 text, and the session's extraction stays pending (retried next run) instead of being marked done
-with its fragments lost. The runner's check cannot tell one request of the batch from another, so it
-accepts the ids shown to any of them; an answer that only cites another request's messages is caught
-after the batch and quarantined without the re-ask. When any window of a session is quarantined the
+with its fragments lost (the runner's check sees each answer's own request). When any window of a session is quarantined the
 session keeps none of this run's fragments: its retry extracts it whole again (the good windows come
 from the response cache), and keeping half would leave the later stages' clusters of a partial session.
 
@@ -32,12 +30,10 @@ reply becomes dozens), hence most of the embedding; the few kept carry the reply
 topics, clusters and insights that also cite the user's turns."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from memory import prompts
 from memory.dates import local_time, normalize_date
-from memory.errors import InvalidAnswerError
 from memory.llm.base import LLMRequest
 from memory.llm.runner import Quarantined
 from memory.prompts.premem import validate_extraction
@@ -60,15 +56,13 @@ def extract(state: ShardState, ctx: StageContext) -> ShardState:
                 backend = runner.backend
                 requests = extraction_requests(
                     to_llm, ctx.settings.extract_window_messages if backend.reads_cache else None)
-                anywhere = {m["message_id"] for r in requests for m in r.context["messages"]}
-                answers, bad = runner.run(requests, validate=lambda a: validate_extraction(a, anywhere))
-            bad += cites_elsewhere(requests, answers)
+                answers, bad = runner.run(requests, validate=lambda a, r: validate_extraction(a, shown_ids(r)))
             lost = {_session_key(q.request) for q in bad}
             items: dict[tuple[str, str], list[dict[str, Any]]] = {}
             for request, answer in zip(requests, answers):
                 if answer is not None:
-                    shown = {m["message_id"] for m in request.context["messages"]}
-                    items.setdefault(_session_key(request), []).extend(prompts.parse_extraction(answer, shown))
+                    items.setdefault(_session_key(request), []).extend(
+                        prompts.parse_extraction(answer, shown_ids(request)))
             for session in to_llm:
                 key = (session.user_id, session.session_id)
                 if key in lost:
@@ -86,18 +80,9 @@ def extract(state: ShardState, ctx: StageContext) -> ShardState:
     return state
 
 
-def cites_elsewhere(requests: list[LLMRequest], answers: list[dict[str, Any] | None]) -> list[Quarantined]:
-    """The answers the batch's check let by whose items all cite messages of another request (the
-    check knows only the ids shown to any): invalid for their own request, quarantined as they are."""
-    out = []
-    for request, answer in zip(requests, answers):
-        if answer is None:
-            continue
-        try:
-            validate_extraction(answer, {m["message_id"] for m in request.context["messages"]})
-        except InvalidAnswerError as exc:
-            out.append(Quarantined(request, json.dumps(answer, ensure_ascii=False), f"invalid answer: {exc}"))
-    return out
+def shown_ids(request: LLMRequest) -> set[str]:
+    """The message ids an extraction request shows (what its answer may cite)."""
+    return {m["message_id"] for m in request.context["messages"]}
 
 
 def _session_key(request: LLMRequest) -> tuple[str, str]:

@@ -222,7 +222,7 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
         backend = runner.backend
         meta = dict(run_id=state.run_id, backend=backend.name, model=backend.model)
         requests = [prompts.summarize_request(c) for _, _, phases in plans for c, _ in phases]
-        answers, bad = runner.run(requests, validate=prompts.validate_summary)
+        answers, bad = runner.run(requests, validate=lambda a, _: prompts.validate_summary(a))
         it = iter(answers)
         new_rows: list[dict[str, Any]] = []
         profile_plans = []
@@ -242,7 +242,7 @@ def write_summaries(state: ShardState, ctx: StageContext, plans: list[Plan]) -> 
         preq = [prompts.profile_request({"user_id": user, "summaries": [
             {"id": r["id"], "start": _day(r["start_ts"]), "end": _day(r["end_ts"]), "text": r["content"]}
             for r in every]}) for user, every in profile_plans]
-        panswers, pbad = runner.run(preq, validate=prompts.validate_profile)
+        panswers, pbad = runner.run(preq, validate=lambda a, _: prompts.validate_profile(a))
     state.llm["memweaver_requests"] = state.llm.get("memweaver_requests", 0) + len(requests) + len(preq)
     profiles = [profile_row(user, every, prompts.parse_profile(a), **meta)
                 for (user, every), a in zip(profile_plans, panswers) if a is not None]

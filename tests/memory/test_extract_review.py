@@ -19,11 +19,12 @@ import pytest
 from memory.errors import InvalidAnswerError
 from memory.ingest import ingest
 from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
+from memory.llm.runner import LLMRunner
 from memory.prompts import extract_request, parse_extraction
 from memory.prompts.premem import validate_extraction
 from memory.runs import RunReport, consolidate, open_store
 from memory.settings import Settings
-from memory.stages.extract import cites_elsewhere, extraction_requests, windows
+from memory.stages.extract import extraction_requests, shown_ids, windows
 from memory.stages.load import load_shard
 from memory.store import Store
 from tests.helpers import SAMPLE, unique_ids
@@ -189,8 +190,16 @@ def test_an_answer_citing_only_another_requests_messages_is_quarantined() -> Non
     item = {"subject": "Alice", "key": "k", "value": "Lives in Lisbon", "message_id": "b1", "date": "2024-03-02"}
     answer = {"Factual_Information": [item], "Experiential_Information": [], "Subjective_Information": []}
     a, b = req("s-a", ["a1"]), req("s-b", ["b1"])
-    [q] = cites_elsewhere([a, b], [answer, answer])
-    assert q.request is a and "b1" in (q.raw or "") and q.reason.startswith("invalid answer")
+
+    class Same(LLMBackend):
+        name, live, default_model = "same-answer", False, "same-v1"
+
+        def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
+            return [LLMResponse(text=json.dumps(answer)) for _ in requests]
+
+    answers, bad = LLMRunner(Same()).run([a, b], validate=lambda ans, r: validate_extraction(ans, shown_ids(r)))
+    [q] = bad         # the runner checks each answer against its own request: a's is asked again, then set aside
+    assert q.request is a and "b1" in (q.raw or "") and "b1" in q.reason and answers[1] == answer
 
 
 # -- defect 2: windows ----------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def test_invalid_answer_is_reasked_once_then_cached_under_the_original_key(store
 
 
 def test_semantic_validation_callback(store: Store) -> None:
-    def no_q(answer: dict[str, Any]) -> None:
+    def no_q(answer: dict[str, Any], _: LLMRequest) -> None:
         if answer["answer"].startswith("q"):
             raise ValueError("answers may not start with q")
 
