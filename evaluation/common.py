@@ -45,20 +45,23 @@ def scratch_store(store: str | None, prefix: str) -> Iterator[str]:
         yield str(Path(tmp) / "store")
 
 
-def recall_at(items: Sequence[Any], evidence: set[str], k: int) -> float:
-    """Share of `evidence` among the first k distinct source ids of the ranked items."""
-    seen: list[str] = []
+def first_sources(items: Sequence[Any], k: int) -> set[str]:
+    """The first k distinct source ids of the ranked items (the pinned MemWeaver profile is context,
+    not ranked evidence: skipped)."""
+    seen: dict[str, None] = {}
     for it in items:
-        if is_profile(it):  # the pinned MemWeaver profile is context, not ranked evidence
+        if is_profile(it):
             continue
         for sid in it.source_ids:
-            if sid not in seen:
-                seen.append(sid)
+            seen.setdefault(sid)
             if len(seen) >= k:
-                break
-        if len(seen) >= k:
-            break
-    return len(evidence & set(seen)) / len(evidence) if evidence else 0.0
+                return set(seen)
+    return set(seen)
+
+
+def recall_at(items: Sequence[Any], evidence: set[str], k: int) -> float:
+    """Share of `evidence` among the first k distinct source ids of the ranked items."""
+    return len(evidence & first_sources(items, k)) / len(evidence) if evidence else 0.0
 
 
 def consolidate_locomo(path: str, store_dir: str, extraction: str,

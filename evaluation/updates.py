@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from evaluation.beam import UpdateFirst, consolidate_scale, load_questions, requested_scales, scale_chats
-from evaluation.common import recall_at, scratch_store
+from evaluation.common import first_sources, recall_at, scratch_store
 from memory.embed import Embedder, embedder_for
 from memory.ingest.beam import beam_user
 from memory.runs import open_store
@@ -62,17 +62,8 @@ def statement_sides(chat_dir: Path) -> list[tuple[str, set[str], set[str]]]:
 
 
 def top_sources(res: RetrievalResult, k: int = K) -> set[str]:
-    """The first k distinct source ids of a result (the pinned profile skipped, as in `recall_at`)."""
-    seen: list[str] = []
-    for it in res.items:
-        if is_profile(it):
-            continue
-        for s in it.source_ids:
-            if s not in seen:
-                seen.append(s)
-        if len(seen) >= k:
-            break
-    return set(seen[:k])
+    """The first k distinct source ids of a result (`common.first_sources`: the pinned profile skipped)."""
+    return first_sources(res.items, k)
 
 
 def flagged(res: RetrievalResult, a: set[str], b: set[str],
