@@ -138,8 +138,13 @@ def reusable(state: ShardState, user: str, rows: list[dict[str, Any]]) -> set[st
     """Ids of the stored phase `rows` a re-segmentation keeps when it finds them again (the same
     members, hence the same id): not those with a member this run's supersede stage closed, which
     `stale_phases` would summarize again anyway."""
-    now = {r["id"] for r in state.extra.get("fragments", []) if r.get("user_id") == user and r.get("superseded_by")}
+    now = closed_now(state, user)
     return {r["id"] for r in rows if not now & set(r["member_ids"])}
+
+
+def closed_now(state: ShardState, user: str) -> set[str]:
+    """Ids of the user's fragments this run's supersede stage closed."""
+    return {r["id"] for r in state.extra.get("fragments", []) if r.get("user_id") == user and r.get("superseded_by")}
 
 
 def sorts_inside(store: Store, user: str, batch: list[Node], phases: pl.DataFrame) -> bool:
@@ -159,7 +164,7 @@ def stale_phases(state: ShardState, ctx: StageContext, user: str,
     """The stored phases (`old_rows`) with a member this run's supersede stage closed, to summarize
     again under their own ids (reading only their members): a phase summary must not state a value
     replaced since. `write_summaries` keeps a stored row whose new summary failed."""
-    now = {r["id"] for r in state.extra.get("fragments", []) if r.get("user_id") == user and r.get("superseded_by")}
+    now = closed_now(state, user)
     stale = [r for r in old_rows if now & set(r["member_ids"])]
     if not stale:
         return []
