@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Callable, get_args
 
 import numpy as np
@@ -93,9 +93,10 @@ class SentenceTransformerEmbedder(Embedder):
         self.cache_dir = cache_dir
         self._model: object | None = None
 
-    @property
+    @cached_property
     def packaged(self) -> bool:
-        """Is the model the packaged all-MiniLM-L6-v2 itself (not another model whose path says so)?"""
+        """Is the model the packaged all-MiniLM-L6-v2 itself (not another model whose path says so)?
+        Resolved once: every run's mismatch check and `dim` ask it."""
         return os.path.realpath(self.model_path) == os.path.realpath(packaged_model_path())
 
     @property
