@@ -28,6 +28,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from starlette.types import ASGIApp
 
+from memory.embed import single_threaded
 from memory.errors import ConfigError, MnemoError
 from memory.ingest.append import Compactor
 from retrieval.guard import RequestGuard, open_without_key
@@ -114,12 +115,8 @@ def http_app(retriever: Retriever, host: str = "127.0.0.1") -> ASGIApp:
 def run(retriever: Retriever, transport: Literal["stdio", "http"] = "stdio", host: str = "127.0.0.1",
         port: int = 8766) -> None:
     """Serve the tools over stdio (until the client closes it) or streamable HTTP (until interrupted),
-    BLAS and OpenMP single-threaded as `mnemo serve` (tool calls run in parallel threads)."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=1, user_api="blas")
-    torch.set_num_threads(1)
+    BLAS, torch and ONNX Runtime single-threaded as `mnemo serve` (tool calls run in parallel threads)."""
+    single_threaded()
     if transport == "stdio":
         build_server(retriever).run("stdio")
         return

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from flows import api_append, api_forget
+from memory.embed import single_threaded
 from memory.errors import ConfigError
 from memory.settings import Settings
 from retrieval.guard import open_without_key
@@ -34,18 +35,14 @@ def create_app(retriever: Retriever, settings: Settings | None = None) -> FastAP
 
 
 def serve(retriever: Retriever, host: str, port: int, settings: Settings | None = None) -> None:
-    """Run the whole service with uvicorn until interrupted, BLAS and torch single-threaded (requests
+    """Run the whole service with uvicorn until interrupted, BLAS, torch and ONNX Runtime single-threaded (requests
     run in parallel threads; one query's matrix products and its embedding are too small to gain from
     a pool, and torch's pool stalls a query embedding for ~1 s on a busy machine). An address that
     cannot be bound is a `ConfigError` (`run_server`)."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
     warning = open_without_key(host, retriever.settings.api_key is not None)
     if warning:
         log.warning(warning)
-    threadpool_limits(limits=1, user_api="blas")
-    torch.set_num_threads(1)   # in every thread (threadpoolctl's OpenMP limit holds for the calling one only)
+    single_threaded()
     configure_writes(retriever, settings)
     app = create_app(retriever, settings)
     retriever.embed(["warm up"])   # the embedder loaded now, not by the first query

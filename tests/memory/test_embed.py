@@ -3,6 +3,8 @@ packaged all-MiniLM-L6-v2 into a cache folder and agree with torch; vectors of t
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +136,23 @@ def test_only_the_packaged_model_is_named_after_it(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(packaged_model_path())
     linked = SentenceTransformerEmbedder(model=str(tmp_path / "link"))
     assert linked.packaged and linked.model_name == "all-MiniLM-L6-v2" and linked.dim == 384
+
+
+def test_single_threaded_pins_onnx_runtime_sessions_built_after_it(cache_dir: str) -> None:
+    """`serve` and `mcp` pin torch and BLAS to one thread; ONNX Runtime's sessions too, or each
+    request thread's session runs a pool of one thread per core. In a child process: the pin is
+    process-wide."""
+    pytest.importorskip("onnxruntime")
+    code = (
+        "import torch\n"
+        "from memory.embed import SentenceTransformerEmbedder, single_threaded\n"
+        f"before = SentenceTransformerEmbedder(backend='onnx', cache_dir={cache_dir!r})\n"
+        "before.embed(['warm up'])\n"
+        "single_threaded()\n"
+        f"after = SentenceTransformerEmbedder(backend='onnx', cache_dir={cache_dir!r})\n"
+        "after.embed(['warm up'])\n"
+        "threads = [e._load().session.get_session_options().intra_op_num_threads for e in (before, after)]\n"
+        "print(*threads, torch.get_num_threads())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1", "1"]
