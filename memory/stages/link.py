@@ -7,9 +7,10 @@ own and links them against the pool without its own older clusters (links are ac
 late session (dated before the watermark), like a reopened one, links in time order: its clusters
 against the pool clusters of earlier sessions (the pool side is the earlier), then the pool
 clusters of later sessions against its clusters (its cluster is the earlier side, consumed at the
-later session's time, the insight dated there); the pool stays in time order. Pool clusters that
-later sessions consumed before the late session arrived stay with their consumers (a full
-`--rebuild-graph` does not redo links either).
+later session's time, the insight dated there); the pool stays in time order. Clusters that were in
+the pool at the late session's time but that later sessions consumed before it arrived
+(`ShardState.consumed`) link to it too, as they would have on time, and stay with their consumers:
+their consumption is not redone (nor by a full `--rebuild-graph`, which does not redo links).
 
 Clustering is average-linkage agglomerative on cosine distance (SciPy), cut at the k in
 2..max_clusters with the best silhouette (scikit-learn). The paper fixes only the silhouette
@@ -52,12 +53,19 @@ def link(state: ShardState, ctx: StageContext) -> ShardState:
             others = [p for p in pool if p.session_id != session.session_id]
             before = [p for p in others if p.session_ts <= session.ts]
             after = [p for p in others if p.session_ts > session.ts]       # only for a late or reopened one
+            since = [p for p in state.consumed.get(session.user_id, []) if p.session_id != session.session_id]
             links, rest = link_session(before, clusters, ctx.settings.theta)
-            if after:   # pool clusters of later sessions link to this one's as they would have on time
+            # clusters of earlier sessions live at this one's time and consumed since: linked, left consumed
+            links += linked_pairs([p for p in since if p.session_ts <= session.ts < (p.consumed_ts or p.session_ts)],
+                                  clusters, ctx.settings.theta)
+            gone = [p for p in since if p.session_ts > session.ts]          # later sessions' consumed clusters
+            if after or gone:   # clusters of later sessions link to this one's as they would have on time
                 mine = {c.id for c in clusters}
-                late_links, rest_after = link_session([c for c in rest if c.id in mine], after, ctx.settings.theta)
+                late_links, rest_after = link_session([c for c in rest if c.id in mine], after + gone,
+                                                      ctx.settings.theta)
                 links += late_links
-                rest = [p for p in rest if p.id not in mine] + rest_after
+                consumed = {p.id for p in gone}
+                rest = [p for p in rest if p.id not in mine] + [p for p in rest_after if p.id not in consumed]
             state.pools[session.user_id] = sorted(own + rest, key=lambda c: c.session_ts)
             state.clusters.extend(clusters)
             state.links.extend(links)
@@ -110,20 +118,30 @@ def link_session(pool: list[Cluster], new: list[Cluster], theta: float) -> tuple
     """
     if not pool or not new:
         return [], pool + new
-    p_mat = _unit(np.stack([p.centroid for p in pool]))
-    c_mat = _unit(np.stack([c.centroid for c in new]))
-    sims = p_mat @ c_mat.T
-    links: list[Link] = []
-    consumed: set[int] = set()
-    for i, j in zip(*np.nonzero(sims > theta)):
-        links.append(Link(pool=pool[i], new=new[j], similarity=float(sims[i, j])))
-        consumed.add(int(i))
+    sims = similarities(pool, new)
+    links = linked_pairs(pool, new, theta, sims)
+    consumed = np.flatnonzero((sims > theta).any(axis=1)).tolist()
     for i in consumed:
         best = int(np.argmax(sims[i]))
         pool[i].consumed_ts = new[best].session_ts
         pool[i].consumed_by = new[best].id
     remaining = [p for i, p in enumerate(pool) if i not in consumed]
     return links, remaining + new
+
+
+def linked_pairs(pool: list[Cluster], new: list[Cluster], theta: float,
+                 sims: np.ndarray | None = None) -> list[Link]:
+    """CP = {(p, c): cos(p̄, c̄) > θ}, the pool's consumption untouched (`sims`: pool × new cosines,
+    when already computed)."""
+    if not pool or not new:
+        return []
+    sims = similarities(pool, new) if sims is None else sims
+    return [Link(pool=pool[i], new=new[j], similarity=float(sims[i, j])) for i, j in zip(*np.nonzero(sims > theta))]
+
+
+def similarities(pool: list[Cluster], new: list[Cluster]) -> np.ndarray:
+    """Cosines of the pool clusters' centroids (rows) to the new clusters' (columns)."""
+    return _unit(np.stack([p.centroid for p in pool])) @ _unit(np.stack([c.centroid for c in new])).T
 
 
 def _unit(m: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Loading a shard: each user's pending sessions with their messages and observations, and the user's
-cluster pool as of its watermark. The one stage without a context: it runs before the others and
+cluster pool as of its watermark (with, for a session dated before it, the clusters consumed since
+that session's time). The one stage without a context: it runs before the others and
 only reads the store.
 
 The watermark (a user's newest consolidated session time) says which sessions are new; it cannot
@@ -98,6 +99,12 @@ def load_user(store: Store, state: ShardState, user: str) -> None:
         live = clusters.filter((pl.col("session_ts") <= last) &
                                (pl.col("consumed_ts").is_null() | (pl.col("consumed_ts") > last)))
         state.pools[user] = [Cluster.from_row(r) for r in live.sort(["session_ts", "id"]).iter_rows(named=True)]
+        early = [s["ts"] for s, *_ in planned if s["ts"] < last]
+        if early:   # live at an early session's time, consumed by a session up to the watermark since
+            since = clusters.filter((pl.col("session_ts") <= last) & (pl.col("consumed_ts") <= last) &
+                                    (pl.col("consumed_ts") > min(early)))
+            state.consumed[user] = [Cluster.from_row(r, consumption=True)
+                                    for r in since.sort(["session_ts", "id"]).iter_rows(named=True)]
     retry_links(store, state, user)
 
 

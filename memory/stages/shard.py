@@ -139,6 +139,10 @@ class ShardState:
     sessions: list[SessionWork] = field(default_factory=list)
     message_rows: list[dict[str, Any]] = field(default_factory=list)
     pools: dict[str, list[Cluster]] = field(default_factory=dict)
+    #: per user with a session dated before its watermark (late or reopened): the clusters that were
+    #: in the pool at that session's time but that sessions up to the watermark consumed since, with
+    #: their consumption (`link` links them, as it would have on time, and leaves them consumed)
+    consumed: dict[str, list[Cluster]] = field(default_factory=dict)
     watermarks: dict[str, tuple[datetime, int]] = field(default_factory=dict)
     fragments: list[dict[str, Any]] = field(default_factory=list)
     clusters: list[Cluster] = field(default_factory=list)

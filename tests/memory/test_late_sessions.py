@@ -149,3 +149,39 @@ def test_a_chain_of_three_values_in_one_run_leaves_only_the_last_current(tmp_pat
     rows = store.read("fragments", "bob", columns=["source_ids", "content", "superseded_by"]).to_pylist()
     miles = {r["content"][:14]: r["superseded_by"] for r in rows if "miles yesterday" in r["content"]}
     assert miles and miles.get("Bob ran 8 mile") and miles.get("Bob ran 5 mile"), miles
+
+
+def hiking_session(tmp_path: Path, sid: str, day: str, texts: list[str]) -> Path:
+    """One session of Carol's about hiking, dated `day`."""
+    path = tmp_path / f"{sid}.jsonl"
+    path.write_text("".join(json.dumps({"user_id": "carol", "session_id": sid, "message_id": f"{sid}-m{i}",
+                                        "speaker": "Carol", "text": text, "timestamp": f"{day}T10:0{i}:00Z"}) + "\n"
+                            for i, text in enumerate(texts)))
+    return path
+
+
+def test_a_late_session_links_to_clusters_consumed_after_its_time(tmp_path: Path) -> None:
+    """s1 (January) and s3 (March) are about hiking: s3's cluster consumed s1's. A late s2 (February)
+    on hiking arrives: s1's cluster was in the pool at s2's time, so s2 links to it as it would have
+    on time (an insight over the pair), and s1's cluster stays consumed by s3."""
+    s1 = hiking_session(tmp_path, "c-s1", "2024-01-10", ["I love hiking in the mountains on weekends.",
+                                                         "I hiked the Blue Ridge trail with my hiking boots."])
+    s3 = hiking_session(tmp_path, "c-s3", "2024-03-10", ["I went hiking in the mountains again this weekend.",
+                                                         "My hiking boots held up well on the mountain trail."])
+    s2 = hiking_session(tmp_path, "c-s2", "2024-02-10", ["I love hiking on mountain trails in winter too.",
+                                                         "I bought new hiking boots for the mountain trails."])
+    store = ingest_and_consolidate(tmp_path / "store", s1, s3)
+    before = {c["id"]: c for c in store.read("clusters", "carol").to_pylist()}
+    s1_clusters = {i for i, c in before.items() if c["session_id"] == "c-s1"}
+    assert s1_clusters and all(before[i]["consumed_ts"] is not None for i in s1_clusters)   # by s3
+    add_part(store, s2)
+    clusters = {c["id"]: c for c in store.read("clusters", "carol").to_pylist()}
+    links = store.read("links", "carol").to_pylist()
+    s2_clusters = {i for i, c in clusters.items() if c["session_id"] == "c-s2"}
+    assert {(lk["pool_cluster_id"], lk["new_cluster_id"]) for lk in links} & {
+        (p, c) for p in s1_clusters for c in s2_clusters}                       # s1 -> s2 linked
+    for i in s1_clusters:                                                      # consumption kept
+        assert (clusters[i]["consumed_ts"], clusters[i]["consumed_by"]) == (
+            before[i]["consumed_ts"], before[i]["consumed_by"])
+    linked = {lk["id"] for lk in links if lk["pool_cluster_id"] in s1_clusters and lk["new_cluster_id"] in s2_clusters}
+    assert {i["link_id"] for i in store.read("insights", "carol").to_pylist()} & linked
