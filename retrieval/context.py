@@ -7,9 +7,10 @@ Thai...) and per 4 characters of a word over 12 (a URL, a hash), which would oth
 word and overrun the budget many times; the budget is filled in rank order (the best items survive a tight budget),
 then the chosen items are printed oldest first so the model reads the history as it happened.
 
-Validity (retrieval.validity): a current memory that replaced older ones reads "X, since DATE
-(before: Y)", a superseded one "(no longer current since DATE)", a turn holding a replaced value
-"(updated [DATE]: Z)" (its current version), and a contradiction is flagged
+Validity (retrieval.validity): a current memory that replaced older ones reads "X, current since
+DATE (before: Y)", a superseded one "(no longer current since DATE)" (and, when it replaced older
+ones itself, "X, from DATE (before: Y)": never "current"), a turn holding a replaced value, or a
+memory restating one, "(updated [DATE]: Z)" (its current version), and a contradiction is flagged
 "CONTRADICTS [DATE] Y; also [DATE] Z: ask the user which holds", so the answering model can ask.
 """
 from __future__ import annotations
@@ -79,7 +80,8 @@ def validity_note(item: Any) -> str:
              or getattr(item, "ts", None) or "")[:10]
     if history:
         before = "; ".join(f"{_clip(h['text'])} [{h['date'] or 'undated'}]" for h in history[:3])
-        notes.append(f", current since {since or 'undated'} (before: {before})")
+        stale = getattr(item, "superseded_by", None) or getattr(item, "updated_by", None)
+        notes.append(f", {'from' if stale else 'current since'} {since or 'undated'} (before: {before})")
     if getattr(item, "superseded_by", None):
         until = (getattr(item, "valid_until", None) or "")[:10]
         notes.append(f" (no longer current since {until or 'a later memory'})")

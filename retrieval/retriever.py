@@ -7,6 +7,7 @@ retrieval (`signals["timings"]["embed_ms"]` vs `retrieve_ms`).
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,7 +41,8 @@ class UnknownStrategyError(ConfigError):
 
 
 class InvalidQueryError(ConfigError):
-    """A query the retriever cannot rank for: blank text, or memory kinds no table holds."""
+    """A query the retriever cannot rank for: blank text, a query vector with no direction (zero,
+    NaN, infinite), or memory kinds no table holds."""
 
     def __init__(self, message: str, **context: Any) -> None:
         super().__init__(message, **context)
@@ -83,7 +85,8 @@ class RetrievedItem:
     #: further memories it contradicts, the same way (a turn that denies what it states and what
     #: another turn says)
     also_contradicts: list[dict[str, str]] | None = None
-    #: a raw turn holding a value a newer memory replaced: that memory's current version {"id", "text", "date"}
+    #: a raw turn holding a value a newer memory replaced, or a memory (insight, topic, summary) citing
+    #: one: that memory's current version {"id", "text", "date"}
     updated_by: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,7 +212,8 @@ class Retriever:
         for the lexical channel). Unknown users get no items; other users' rows are never read.
         `strategy` None means `settings.default_strategy` (an empty or unknown name raises
         UnknownStrategyError); `kinds` None the settings' kinds (an empty list or an unknown kind
-        raises InvalidQueryError, as does a blank text query).
+        raises InvalidQueryError, as does a blank text query or a zero or non-finite vector); `k`
+        None the settings' k (a bool, a float or a value out of 1..max_k raises ConfigError).
 
         `rerank` (default: settings.rerank) applies the latest RMM reranker: the strategy's top
         `rerank_top_k` candidates are re-scored and the top k (default `rerank_top_m`) returned;
@@ -229,6 +233,8 @@ class Retriever:
             except UnicodeEncodeError:
                 raise InvalidQueryError("the query holds a lone surrogate: not Unicode text", user_id=user_id) from None
         do_rerank = s.rerank if rerank is None else bool(rerank)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
+            raise ConfigError(f"k must be a whole number, got {k!r}", k=repr(k)[:40])
         k = int(k if k is not None else (s.rerank_top_m if do_rerank else s.k))
         if not 1 <= k <= s.max_k:
             raise ConfigError(f"k must be between 1 and {s.max_k}, got {k}", k=k)
@@ -241,7 +247,13 @@ class Retriever:
             timings["embed_ms"] = (time.perf_counter() - t0) * 1000
         else:
             vec = np.asarray(query, dtype=np.float32).ravel()
-            vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
+            norm = float(np.linalg.norm(vec))     # NaN or inf when the vector holds one (or overflows)
+            if not np.isfinite(norm) or norm == 0.0:
+                what = "has zero length (empty or all zeros)" if norm == 0.0 else \
+                    "holds NaN or infinite values (or overflows float32)"
+                raise InvalidQueryError(f"the query vector {what}: it has no direction to rank by; pass the "
+                                        "query's embedding (or its text)", user_id=user_id)
+            vec = vec / max(norm, 1e-12)
         start = time.perf_counter()
         index = self.cache.get(user_id)
         timings["load_ms"] = (time.perf_counter() - start) * 1000

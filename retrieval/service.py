@@ -8,7 +8,7 @@
 When an API key is configured (`RetrievalSettings.api_key`, read from MNEMO_API_KEY by
 `memory.settings.load_settings`) every call but /healthz and the docs needs
 `Authorization: Bearer <key>`: `retrieval.guard.RequestGuard` answers 401 before reading any body,
-and 413 as soon as a body (chunked or not) passes `max_query_chars * 4 + 8192` bytes.
+and 413 as soon as a body (chunked or not) passes `max_query_chars * 12 + 8192` bytes.
 HTTP codes are chosen here only: malformed user id, blank query, unknown strategy (`""` included),
 unknown memory kind, out-of-range number or bad body 422; query longer than `max_query_chars` 413;
 unknown users get an empty result (200).
@@ -62,7 +62,8 @@ QueryText = Annotated[str, Field(min_length=1), AfterValidator(_not_blank)]
 
 class RetrieveRequest(BaseModel):
     query: QueryText = Field(..., description="the user's question or message")
-    k: Optional[int] = Field(None, ge=1, description="items to return (default: the service's k)")
+    k: Optional[StrictInt] = Field(None, ge=1, description="items to return (default: the service's k; a "
+                                   "JSON integer: 2.0, \"3\" and true are refused, not coerced)")
     strategy: Optional[str] = Field(None, description="strategy name (default: the project's best; "
                                     "an empty name is refused)")
     kinds: Optional[list[str]] = Field(None, description=f"memory kinds to search (of {', '.join(MEMORY_TABLES)}; "
@@ -79,7 +80,7 @@ class FeedbackRequest(BaseModel):
 
 
 class ContextRequest(RetrieveRequest):
-    max_tokens: Optional[int] = Field(None, ge=1, le=100_000, description="token budget of the context")
+    max_tokens: Optional[StrictInt] = Field(None, ge=1, le=100_000, description="token budget of the context")
 
 
 def create_app(retriever: Retriever) -> FastAPI:

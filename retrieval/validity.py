@@ -7,10 +7,13 @@ replaced statement when it is a fragment closed by a newer one (`superseded_by`,
 supersede stage; the newer one may be a turn's message row), or it cites a message that such a
 fragment cites, or one that a newer fragment names in `replaces_sources`. The version put above it
 is the one of its newer versions (the `superseded_by` chain up to the current one; for a turn, also
-the turns they cite) the query matches best: a rule can link a wrong successor, and the query
-decides which newer version it asks about. For a turn or a memory citing one it moves only when the
-query matches it about as well (cosine within `RELEVANCE_MARGIN`) or at least as well as the
-result's least similar memory (a turn says many things; only the changed one should move), a
+the turns they cite; of the searched kinds only) the query matches best: a rule can link a wrong
+successor, and the query decides which newer version it asks about. A version put above that is
+itself replaced gets its own replacement above it in turn when the query matches that one at least
+`CURRENT_SHARE` as well (`newer_chain`): an intermediate version does not stand in
+for the current value, and an unrelated end of a wrongly linked chain stays out. For a turn or a memory citing one it
+moves only when the query matches it about as well (cosine within `RELEVANCE_MARGIN`) or at least as
+well as the result's least similar memory (a turn says many things; only the changed one should move), a
 version not in the result is pulled in only for a replaced memory in the top `PULL_DEPTH` of the k,
 and a version whose turns a memory above already cites is not moved at all (the replaced memory
 already ranks below them; a copy would only push an answer out of the k). A query that asks what held
@@ -41,12 +44,17 @@ from memory.lexicon import SAYING, alternation
 from retrieval.index import FRAGMENT_VALIDITY, VALIDITY_READ, UserIndex
 
 __all__ = ["Validity", "validity_of", "order_current", "annotate", "asks_history", "MAX_CHAIN", "RELEVANCE_MARGIN", "PULL_DEPTH",
-           "MAX_SHOWN_CONTRADICTIONS"]
+           "MAX_SHOWN_CONTRADICTIONS", "newer_chain", "CURRENT_SHARE"]
 
 #: superseded_by links followed to find the current version (a guard against cycles)
 MAX_CHAIN = 16
 #: a current version is pulled above a memory when cos(query, it) >= cos(query, memory) - this
 RELEVANCE_MARGIN = 0.0
+#: a version put above a replaced memory, itself replaced, gets its own replacement above it when the
+#: query matches that one at least this share as well (cosine ratio): the current value of the chain;
+#: below it the link is taken for a wrong one (a rule linked an unrelated memory: cosine ratio 0.03 in
+#: the tests, a right one 0.88)
+CURRENT_SHARE = 1 / 3
 #: float32 noise between two products giving one cosine (a row against itself must pass its own floor)
 SIM_TOLERANCE = 1e-5
 #: a newer version is pulled in from outside the result only for a replaced memory in this top share
@@ -210,10 +218,12 @@ def effective(index: UserIndex, v: Validity, row: int, vec: np.ndarray, ids: lis
 
 
 def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory_id: str | None,
-                sources: list[str], row_of: dict[str, int], row_sim: float, floor: float = 1.0) -> int | None:
+                sources: list[str], row_of: dict[str, int], row_sim: float, floor: float = 1.0,
+                kinds: tuple[str, ...] | None = None) -> int | None:
     """The index row of the current version to put above `row`, if any (see the module doc);
     `row_sim`: the query cosine of `row`; `floor`: that of the result's least similar memory (a
-    newer version that matches the query at least that well earns its place on its own)."""
+    newer version that matches the query at least that well earns its place on its own); `kinds`:
+    the searched kinds (None: all), the only ones a version is chosen among."""
     closed = memory_id is not None and memory_id in v.superseded_by
     found = v.newer(memory_id) if closed and memory_id is not None else []
     for s in sources:
@@ -224,7 +234,7 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
     cited = index.meta.column("source_ids").take(pa.array(rows, type=pa.int64())).to_pylist() \
         if rows and not closed else []           # (a closed fragment gets a fragment, with its history)
     rows += [turns[c] for cs in cited for c in cs or [] if c in turns and c not in sources]
-    rows = [r for r in dict.fromkeys(rows) if r != row]
+    rows = [r for r in dict.fromkeys(rows) if r != row and (kinds is None or str(index.kinds[r]) in kinds)]
     if not rows:
         return None
     sims = index.z[np.asarray(rows, dtype=np.int64)] @ vec
@@ -232,6 +242,25 @@ def replacement(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory
     if not closed and sims[best] < min(row_sim - RELEVANCE_MARGIN, floor) - SIM_TOLERANCE:
         return None
     return rows[best]
+
+
+def newer_chain(index: UserIndex, v: Validity, row: int, vec: np.ndarray, memory_id: str | None,
+                sources: list[str], row_of: dict[str, int], row_sim: float, floor: float,
+                kinds: tuple[str, ...] | None) -> list[int]:
+    """The versions to put above `row`, newest first: its `replacement` and, while the version put
+    is itself replaced, that one's replacement in turn when the query matches it at least
+    `CURRENT_SHARE` as well (a current value, not only a closer stale one; an unrelated end of a
+    wrongly linked chain stays out). At most `MAX_CHAIN`."""
+    chain: list[int] = []
+    crow = replacement(index, v, row, vec, memory_id, sources, row_of, row_sim, floor, kinds)
+    while crow is not None and crow != row and crow not in chain and len(chain) < MAX_CHAIN:
+        chain.append(crow)
+        cid = index.meta.column("id")[crow].as_py()
+        sim = float(index.z[crow] @ vec)
+        crow = replacement(index, v, crow, vec, cid, index.source_ids(crow), row_of, sim, floor, kinds)
+        if crow is not None and float(index.z[crow] @ vec) < CURRENT_SHARE * sim:
+            break
+    return chain[::-1]
 
 
 def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: np.ndarray,
@@ -263,15 +292,16 @@ def order_current(index: UserIndex, rows: np.ndarray, scores: np.ndarray, vec: n
     for i, (row, score) in enumerate(zip(rows.tolist(), scores.tolist())):
         if row in placed:
             continue
-        crow = None if history else replacement(index, v, row, vec, ids[i], sources[i] or [], row_of,
-                                                row_sims[i], floor)
-        if crow is not None and crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) and searched(crow):
-            cites = set(index.source_ids(crow))
-            if not cites <= above:          # its turns already ranked above: nothing to add
-                out.append((crow, score))
-                placed.add(crow)
-                above.update(cites)
-                pulled += 1
+        chain = [] if history else newer_chain(index, v, row, vec, ids[i], sources[i] or [], row_of,
+                                               row_sims[i], floor, kinds)
+        for crow in chain:
+            if crow not in placed and (crow in taken_rows or i < k * PULL_DEPTH) and searched(crow):
+                cites = set(index.source_ids(crow))
+                if not cites <= above:          # its turns already ranked above: nothing to add
+                    out.append((crow, score))
+                    placed.add(crow)
+                    above.update(cites)
+                    pulled += 1
         fid = effective(index, v, row, vec, ids[i:i + 1], sources[i:i + 1])
         out.append((row, score))
         placed.add(row)
@@ -299,8 +329,9 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
              returned: Collection[str] = ()) -> dict[str, Any]:
     """Validity fields of one returned memory for `RetrievedItem`: valid_from/until, superseded_by,
     the versions it replaced (`history`: text and date, newest first) and the memory it
-    contradicts (`contradiction`; of several, one among the `returned` ids if any). `texts` caches
-    id -> (text, date) lookups."""
+    contradicts (`contradiction`; of several, one among the `returned` ids if any) and, for a turn
+    or a memory restating turns a newer memory replaced a value of, that memory's current version
+    (`updated_by`). `texts` caches id -> (text, date) lookups."""
     v = validity_of(index)
     if v.empty:
         return {}
@@ -322,7 +353,7 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     if memory_id in v.superseded_by:
         out["superseded_by"] = v.superseded_by[memory_id]
         out["valid_until"] = v.valid_until.get(memory_id)
-    if memory_id not in v.superseded_by and (current := _current_of_turn(index, v, memory_id, row_of)):
+    if memory_id not in v.superseded_by and (current := _current_of_sources(index, v, memory_id, row_of)):
         out["updated_by"] = look(current)
     history = [h for h in (look(m) for m in v.history(memory_id)) if h is not None]
     if history:
@@ -339,11 +370,12 @@ def annotate(index: UserIndex, memory_id: str, texts: dict[str, tuple[str, str]]
     return out
 
 
-def _current_of_turn(index: UserIndex, v: Validity, memory_id: str, row_of: dict[str, int]) -> str | None:
-    """For a raw turn a newer memory replaced a value of (`replaced_in`), the current version of that
-    memory, the newest by `valid_from` if several: a replaced fragment says so, its turn did not."""
+def _current_of_sources(index: UserIndex, v: Validity, memory_id: str, row_of: dict[str, int]) -> str | None:
+    """For a raw turn a newer memory replaced a value of (`replaced_in`), or an insight, topic or
+    summary citing such a turn, the current version of that memory, the newest by `valid_from` if
+    several: a replaced fragment says so, its turn and what restates it did not."""
     r = row_of.get(memory_id)
-    if r is None or index.kinds[r] != "message":
+    if r is None or index.kinds[r] == "fragment":   # a fragment has its own `superseded_by`
         return None
     found = [([f] + v.newer(f))[-1] for s in index.source_ids(r) for f in v.replaced_in.get(s, [])]
     return max(found, key=lambda f: (v.valid_from.get(f) or "", f), default=None)

@@ -20,7 +20,10 @@ def one_shot(q: Query, kinds: tuple[str, ...] | None, fused: bool) -> Result:
 
 
 def dense(q: Query) -> Result:
-    """The baseline: top-K cosine over raw turns (kind "message") only."""
+    """The baseline: top-K cosine over raw turns (kind "message") only; nothing when the query's
+    kinds leave turns out (as any strategy returns nothing of a kind not searched)."""
+    if "message" not in q.kinds:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32), rfmem.FAMILIARITY
     return one_shot(q, ("message",), fused=False)
 
 

@@ -98,6 +98,9 @@ def test_unknown_and_malformed_users(retriever: Retriever) -> None:
     ("dog", {"kinds": []}, InvalidQueryError, "kinds is empty"),
     ("guitar \ud800", {}, InvalidQueryError, "lone surrogate"),
     ("dog", {"k": 0}, ConfigError, "k must be between 1 and"),
+    ("dog", {"k": 2.7}, ConfigError, "k must be a whole number, got 2.7"),     # not truncated to 2
+    ("dog", {"k": 2.0}, ConfigError, "k must be a whole number"),
+    ("dog", {"k": True}, ConfigError, "k must be a whole number, got True"),   # not taken as 1
 ])
 def test_meaningless_queries_are_refused(retriever: Retriever, query: str, kw: dict[str, Any],
                                          error: type[Exception], match: str) -> None:
@@ -105,6 +108,27 @@ def test_meaningless_queries_are_refused(retriever: Retriever, query: str, kw: d
         retriever.retrieve("alice", query, **kw)
     with pytest.raises(error, match=match):            # unknown users too: the query is checked first
         retriever.retrieve("carol", query, **kw)
+
+
+@pytest.mark.parametrize("vector,what", [
+    (np.full(384, np.nan, np.float32), "NaN or infinite"), (np.r_[np.inf, np.zeros(383)], "NaN or infinite"),
+    (np.zeros(384, np.float32), "zero length"), (np.zeros(0, np.float32), "zero length"),
+])
+def test_a_query_vector_without_direction_is_refused(retriever: Retriever, vector: np.ndarray, what: str) -> None:
+    """A zero or non-finite vector ranks nothing (every score NaN, JSON not valid): refused, for known
+    and unknown users alike; a numpy integer k is a whole number."""
+    for user in ("alice", "carol"):
+        with pytest.raises(InvalidQueryError, match=f"the query vector (holds|has) {what}.*pass the query's embedding"):
+            retriever.retrieve(user, vector, k=3, text="dog")
+    assert len(retriever.retrieve("alice", "dog", k=np.int64(2)).items) == 2
+
+
+def test_dense_searches_turns_only_when_they_are_searched(retriever: Retriever) -> None:
+    """dense ranks raw turns: with kinds leaving turns out it finds nothing (as any strategy finds
+    nothing of a kind not searched), never turns anyway."""
+    assert retriever.retrieve("alice", "my dog", k=5, strategy="dense", kinds=["fragment"]).items == []
+    both = retriever.retrieve("alice", "my dog", k=5, strategy="dense", kinds=["message", "fragment"])
+    assert both.items and {it.kind for it in both.items} == {"message"}
 
 
 def test_kinds_and_default_strategy(retriever: Retriever) -> None:

@@ -83,6 +83,16 @@ def test_errors(client: httpx.Client) -> None:
     assert client.post("/v1/users/eve/retrieve", json={"query": "x" * 100_000}).status_code == 413
 
 
+def test_k_and_max_tokens_are_json_integers(client: httpx.Client) -> None:
+    """true, 2.0 and "3" are no k (nor a token budget): 422, not coerced to 1, 2 and 3."""
+    for k in (True, False, 2.0, "3", 2.5):
+        res = client.post("/v1/users/eve/retrieve", json={"query": "dog", "k": k})
+        assert res.status_code == 422 and res.json()["detail"][0]["loc"] == ["body", "k"], (k, res.text)
+    assert client.post("/v1/users/eve/retrieve", json={"query": "dog", "k": 2}).json()["k"] == 2
+    for budget in (True, "60", 60.0):
+        assert client.post("/v1/users/eve/context", json={"query": "job", "max_tokens": budget}).status_code == 422
+
+
 def test_a_write_on_a_busy_store_gets_503_with_retry_after(client: httpx.Client, store: Store) -> None:
     """Feedback while another writer holds the store's write lease past the wait: 503 + Retry-After,
     and the same request goes through once the lease is free (it is safe to retry as it is)."""
