@@ -15,8 +15,11 @@ before Prefect starts anything, and stops the temporary Prefect servers that kil
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
@@ -28,16 +31,16 @@ from flows.ephemeral import reap_orphans, start_recorded
 from memory.embed import check_embedder, embedder_for
 from memory.errors import ConfigError, LLMTransientError
 from memory.ingest import ingest
-from memory.lease import run_lease
+from memory.lease import is_local, run_lease
 from memory.pipeline import has_work
-from memory.runs import compact, compacted_tables, new_report, open_store, plan_shards
+from memory.runs import compact, compacted_tables, finish_forgets, new_report, open_store, plan_shards
 from memory.settings import Settings, load_settings
 from memory.stages import STAGES, stage
 from memory.stages.commit import commit
 from memory.stages.load import load_shard
 from memory.stages.shard import ShardState, StageContext
 from memory.store import Store
-from retrieval.rerank import train_reranker
+from retrieval.rerank import train_step
 from retrieval.retriever import Retriever
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,15 @@ def resolve_settings(settings: Settings | None, overrides: dict[str, Any] | None
     """The flow's settings: the caller's object (the CLI passes its own), else the environment of the
     process running the flow (a deployment), with a deployment's `overrides` on top. Read once, here:
     tasks get the result as data, so Dask workers never read their own environment."""
-    return (settings or load_settings()).with_overrides(**(overrides or {}))
+    return absolute_store((settings or load_settings()).with_overrides(**(overrides or {})))
+
+
+def absolute_store(settings: Settings) -> Settings:
+    """The settings with a store given as a relative local path made absolute, against this process's
+    folder: a Dask worker would open (and make) another store under its own folder (URIs as given)."""
+    if "://" in settings.store or os.path.isabs(settings.store):
+        return settings
+    return settings.with_overrides(store=os.path.abspath(settings.store))
 
 
 @lru_cache(maxsize=4)
@@ -80,7 +91,22 @@ RETRY_DELAYS_S = [5, 30]
 
 @task(name="load", cache_policy=NO_CACHE)
 def load_task(users: list[str], settings: Settings, run_id: str) -> ShardState:
-    return load_shard(_open(settings), users, run_id, settings)
+    return load_shard(existing(settings), users, run_id, settings)
+
+
+def existing(settings: Settings) -> Store:
+    """`_open`, refusing a store without a `messages` table (a path this worker sees otherwise than the
+    process that planned the run): opening it would make an empty store, load nothing and commit nothing."""
+    uri = settings.store
+    where = f"on host {socket.gethostname()}, folder {os.getcwd()}"
+    if is_local(uri) and not (Path(uri.removeprefix("file://")) / "messages.lance").is_dir():
+        raise ConfigError(f"no store with messages at {uri} {where}: give --store / MNEMO_STORE as an absolute "
+                          "path (or a URI) that every Dask worker reaches", store=uri)
+    store = _open(settings)
+    if not store.has_table("messages"):
+        raise ConfigError(f"the store at {uri} has no messages table {where}: check --store / MNEMO_STORE",
+                          store=uri)
+    return store
 
 
 @task(name="stage", cache_policy=NO_CACHE)
@@ -166,6 +192,8 @@ def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, An
     store = open_store(settings)
     report = new_report(kind, settings)
     check_embedder(store, embedder_for(settings))
+    for line in finish_forgets(store, settings, users):   # under the run lease, before the shards are planned
+        logger.warning("%s", line)
     shards = plan_shards(store, users, settings.shard_size, everyone=settings.rebuild_graph)
     logger.info("%s %s: %d shards of up to %d users", kind, report.run_id, len(shards), settings.shard_size)
     chains: dict[Any, tuple[list[str], list[Any]]] = {}
@@ -209,14 +237,15 @@ def _run(kind: str, users: list[str] | None, settings: Settings) -> dict[str, An
 
 
 @task(name="train", task_run_name="train", cache_policy=NO_CACHE)
-def train_task(settings: Settings, run_id: str) -> list[str]:
+def train_task(settings: Settings, run_id: str, users: list[str] | None = None) -> list[str]:
     """RMM retrospective reflection: the next reranker version from the feedback newer than the last
-    one (retrieval.rerank); skipped when there is none."""
+    one (`retrieval.rerank.train_step`); skipped when there is none. `users` (`--users`): only their
+    versions."""
     store = _open(settings)
     if not store.has_table("feedback"):
         return ["reranker: skipped (no feedback)"]
     r = Retriever(store, settings, embedder_for(settings))
-    return [rep.summary() for rep in train_reranker(r, scope=settings.retrieval.rerank_scope, run_id=run_id)]
+    return train_step(r, scope=settings.retrieval.rerank_scope, run_id=run_id, users=users)
 
 
 @flow(name="consolidate", task_runner=_threads(2))
@@ -233,7 +262,7 @@ def consolidate_flow(users: list[str] | None = None, overrides: dict[str, Any] |
 def _consolidate(users: list[str] | None, resolved: Settings) -> dict[str, Any]:
     result = _run("consolidate", users, resolved)
     try:
-        result["train"] = train_task(resolved, result["run_id"])
+        result["train"] = train_task(resolved, result["run_id"], users)
     except Exception as exc:  # consolidation is committed; a failed training waits for the next run
         get_run_logger().error("reranker training failed: %s: %s", type(exc).__name__, exc)
         result["train"] = [f"reranker: failed ({type(exc).__name__}: {exc})"]
@@ -253,7 +282,13 @@ def backfill_flow(path: str, fmt: str, overrides: dict[str, Any] | None = None,
         report = ingest(open_store(resolved), path, fmt, observations_as_fragments=observations_as_fragments,
                         user_id=user_id)
         get_run_logger().info(report.summary())
-        result = _run("backfill", report.users or None, resolved)
+        if not report.users:   # no message read: nothing of this archive to consolidate (None is every user)
+            status = "unreadable" if report.quarantined else "completed"
+            (get_run_logger().error if report.quarantined else get_run_logger().info)(
+                "backfill: no message of %s could be read; nothing consolidated", path)
+            return {"ingest": report.summary(), "status": status,
+                    "summary": "backfill: no message of the archive was read; nothing consolidated"}
+        result = _run("backfill", report.users, resolved)
         result["ingest"] = report.summary()
         return result
 
@@ -266,6 +301,7 @@ def run_flow(name: str, settings: Settings, **params: Any) -> dict[str, Any]:
     (and records) this process's own. A Dask scheduler (`dask_address`) is reached first, before the
     lease (`check_scheduler`)."""
     flows: dict[str, Any] = {"consolidate": consolidate_flow, "backfill": backfill_flow}
+    settings = absolute_store(settings)   # handed to the task runner: a relative path is this folder's
     if settings.dask_address:
         check_scheduler(settings.dask_address)
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):

@@ -21,7 +21,7 @@
   what its progress has not covered.
 
 - `unfinished_forgets`: forget runs recorded `started` or `purging` (a forget that died: the forgotten
-  text may still be on disk until the next forget finishes it, which only `mnemo forget` does).
+  text may still be on disk until the next consolidation of its users, or their next forget, finishes it).
 
 - `dangling_pointers`: fragments and insights whose validity (`superseded_by`, `contradicts`) names a
   row stored nowhere, which keeps a current value closed; `clear_dangling` resets them, as a forget
@@ -279,9 +279,10 @@ class DoctorReport:
                 " (their turns are never consolidated; `mnemo doctor --fix` remakes the rows)"
             out.append(f"sessions: {len(self.sessions)} rows disagree with their messages, e.g. {sample}{done}")
         for r in self.forgets:
+            users = ",".join(r["users"]) or "USER"
             out.append(f"forget {r['id']} of {', '.join(r['users'])} is {r['status']}: unless it runs now, the "
-                       f"forgotten text may still be on disk; `mnemo forget {r['users'][0] if r['users'] else 'USER'}` "
-                       "finishes it")
+                       f"forgotten text may still be on disk; `mnemo consolidate --users {users}` finishes it "
+                       "first thing (not `mnemo forget USER` alone: that forgets the whole user)")
         for name, bad in self.dangling.items():
             sample = "; ".join(f"{b['id']} ({b['user_id']}: {', '.join(b['names'])})" for b in bad[:examples])
             done = f"; cleared {self.pointers_cleared}" if self.pointers_cleared else \

@@ -23,7 +23,8 @@ How (exact, and linear in what it redoes, never quadratic):
 3. Write it all as one unit (`Store.unit`: one hold of the write lease and a commit marker, so
    readers see the store before or after, never half), watermark
    last, with an intent recorded first in `runs` (kind `forget`, status `started`, the scope and the
-   message ids, never text): a forget that dies midway is completed by the next forget of that user.
+   message ids, never text): a forget that dies midway is completed by the next forget of that user,
+   or first thing by the next consolidation of that user (`finish_forgets`).
 4. Purge (`memory.forget_purge`): compact the touched tables and remove every old version, unless
    `keep_versions` (time travel kept; the forgotten text then stays in old versions). The run is
    recorded `purging` (with its tables, the ids dropped) before the purge and `completed` after it, so
@@ -43,19 +44,19 @@ from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-from lancedb.expr import col, lit
+from lancedb.expr import col
 
 from memory.embed import check_embedder, embedder_for
 from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, feedback_ids, plan, reranker_ids,
                                  rerun_state, settle_appends)
 from memory.forget_quarantine import quarantine_ids
-from memory.forget_purge import dir_bytes, purge
+from memory.forget_purge import dir_bytes, purge, unpurged
 from memory.pointers import POINTERS, clear_pointers, unstored
 from memory.ids import make_id, progress_id
 from memory.lease import run_lease
+from memory.nightly import forgets_started, new_run_id
 from memory.llm.cache import ResponseCache, text_key
 from memory.resources import backend_for
-from memory.runs import new_run_id
 from memory.schemas import MEMORY_TABLES, USER_TABLES
 from memory.settings import Settings
 from memory.stages import STAGES
@@ -155,13 +156,6 @@ def forget(store: Store, settings: Settings, user_id: str, *, sessions: Iterable
     return report
 
 
-def unpurged(store: Store) -> list[dict[str, Any]]:
-    """`runs` rows of forgets (of any user) whose deletes are written and whose purge never finished."""
-    if not store.has_table("runs"):
-        return []
-    return store.read("runs", where=(col("kind") == lit("forget")) & (col("status") == lit("purging"))).to_pylist()
-
-
 def done(what: dict[str, Any]) -> dict[str, Any]:
     """The intent as a finished forget keeps it: without the ids it forgot (counts say how many)."""
     return {k: v for k, v in what.items() if k not in ("message_ids", "sessions")}
@@ -169,11 +163,26 @@ def done(what: dict[str, Any]) -> dict[str, Any]:
 
 # -- the intent: what a crashed forget left to do ---------------------------------------------------
 def unfinished_intents(store: Store, user: str) -> list[dict[str, Any]]:
-    """`runs` rows of forgets of this user that started and never completed."""
-    if not store.has_table("runs"):
-        return []
-    rows = store.read("runs", where=(col("kind") == lit("forget")) & (col("status") == lit("started"))).to_pylist()
-    return sorted((r for r in rows if user in (r["users"] or [])), key=lambda r: r["started_at"])
+    """`runs` rows of forgets of this user that started and never completed, oldest first."""
+    return forgets_started(store, [user]).get(user, [])
+
+
+def finish_forgets(store: Store, settings: Settings, users: list[str] | None = None) -> list[ForgetReport]:
+    """Finish the forgets a crash left `started` (of `users`, default every user) by forgetting their
+    recorded scopes again (a forget of the user finishes its recorded intents: their message ids and
+    rollback point too), purging included. A consolidation calls it under its run lease before it
+    plans its shards: it must not consolidate again the messages such a forget was deleting."""
+    out = []
+    for user, rows in sorted(forgets_started(store, users).items()):
+        scopes = [json.loads(r["counts_json"] or "{}").get("scope", {}) for r in rows]
+        if any(sc.get("whole_user") for sc in scopes):
+            out.append(forget(store, settings, user))
+            continue
+        cuts = [datetime.fromisoformat(sc["before"]) for sc in scopes if sc.get("before")]
+        out.append(forget(store, settings, user, sessions=sorted({i for sc in scopes for i in sc.get("sessions", [])}),
+                          messages=sorted({i for sc in scopes for i in sc.get("messages", [])}),
+                          before=max(cuts, default=None)))
+    return out
 
 
 def merge_intents(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -212,6 +221,8 @@ def rederive(store: Store, settings: Settings, p: Plan, run_id: str, report: For
     if p.rollback is None or p.remaining == 0:
         return None
     report.rollback_to = p.rollback.isoformat()
+    if p.watermark is None:   # nothing committed to redo: the next run consolidates every session
+        return None
     state = rerun_state(store, p, run_id, settings.max_llm_attempts)
     report.sessions_rerun = len(state.sessions)
     embedder = ReuseEmbedder(embedder_for(settings), known_vectors(store, p))

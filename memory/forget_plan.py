@@ -11,6 +11,11 @@ earliest consolidated session holding a forgotten message or a tainted fragment,
 from sessions after W is rolled back to the state "as of W" the stages already know how to read
 (the pool by `consumed_ts`, the topic bank by `history_json`, graph and phases by `session_ts`), and
 the surviving sessions after W (up to the old watermark) are consolidated again as one batch.
+W is never after the watermark: derived rows dated after it were written by a run that died before
+its watermarks (`memory.stages.commit.leftovers`) and go with the roll-back. A user with no
+watermark (its first run died before writing it) has committed nothing: when a row cites a forgotten
+message, every derived row of the user goes (W is the start of its history) and nothing is re-derived:
+the next consolidation consolidates its surviving sessions as a user's first run does.
 """
 from __future__ import annotations
 
@@ -192,7 +197,9 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
         old = datetime.fromisoformat(rec["old_watermark"])
         p.watermark = (max(old, p.watermark[0]), p.watermark[1])
     p.tainted, times = taint(store, user, f_ids, p.rows)
-    if p.watermark is None:
+    if p.watermark is None:   # nothing of the user was committed: its derived rows are a dead run's leftovers
+        if any(p.tainted.values()) or rec.get("rollback_to"):   # back to the start; nothing re-derived
+            p.rollback = EPOCH
         return p
     last = p.watermark[0]
     times += [s["ts"] for s in sessions.iter_rows(named=True) if s["session_id"] in affected and s["ts"] <= last]
@@ -205,7 +212,7 @@ def plan(store: Store, scope: Scope, *, recorded: dict[str, Any] | None = None) 
         points.append(datetime.fromisoformat(rec["rollback_to"]))
     if not points:
         return p
-    p.rollback = min(points)
+    p.rollback = min(points + [last])   # rows after the watermark only a dead run wrote: they go too
     gone = set(p.gone_sessions)
     p.rerun = sorted((p.cut_sessions.get(s["session_id"], s) for s in sessions.iter_rows(named=True)
                       if p.rollback < s["ts"] <= last and s["session_id"] not in gone),

@@ -13,9 +13,11 @@ not compacted by default either; a table that large would need Lance's own `comp
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
-from typing import Iterable
+from datetime import datetime, timezone
+from typing import Any, Iterable
 
 from lancedb.expr import col, lit
 
@@ -24,6 +26,26 @@ from memory.store import Store
 from memory.units import HIDDEN, UNITS
 
 log = logging.getLogger(__name__)
+
+
+def unpurged(store: Store) -> list[dict[str, Any]]:
+    """`runs` rows of forgets (of any user) whose deletes are written and whose purge never finished."""
+    if not store.has_table("runs"):
+        return []
+    return store.read("runs", where=(col("kind") == lit("forget")) & (col("status") == lit("purging"))).to_pylist()
+
+
+def finish_purges(store: Store) -> int:
+    """Purge the tables of the forgets (of any user) a crash left `purging` and record them completed;
+    how many. The caller holds the run lease (a purge compacts and deletes old files)."""
+    owed = unpurged(store)
+    if not owed:
+        return 0
+    tables: set[str] = set().union(*(json.loads(r["counts_json"] or "{}").get("purge", []) for r in owed))
+    purge(store, tables | {"runs"})
+    now = datetime.now(timezone.utc)
+    store.upsert("runs", [{**r, "status": "completed", "finished_at": now} for r in owed])
+    return len(owed)
 
 
 def dir_bytes(uri: str) -> int:

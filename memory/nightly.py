@@ -3,26 +3,34 @@ heavy starts (Prefect, the embedder, an LLM): a nightly run with nothing new end
 
 A user may owe work (the check errs only that way: `memory.stages.load` decides exactly what) when
 it has a session newer than its watermark, a session without a `progress` row (a late one) or with
-more messages than its row counted (an append), a progress row with work pending a retry, or a
-watermark without the user's own progress row (a store to migrate). The reranker owes a version when
-feedback is newer than the latest version of its scope. Reads: `watermarks`, `progress` and
-`sessions` (a few columns; one row per session, not per message) and, when they exist, `feedback`
-and `rerankers` timestamps.
+more messages than its row counted (an append), a progress row with work pending a retry, a
+watermark without the user's own progress row (a store to migrate), or a forget a crash left
+`started` or `purging` (`forgets_started`: the run finishes it before it consolidates the user). The reranker owes
+a version when feedback is newer than the latest version of its scope. Reads: `watermarks`,
+`progress` and `sessions` (a few columns; one row per session, not per message) and, when they
+exist, the forget rows of `runs` and the `feedback` and `rerankers` timestamps. Also the run ids
+every command records (`new_run_id`).
 """
 from __future__ import annotations
 
 import json
+import uuid
 from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+from lancedb.expr import col, lit
 
 from memory.ids import validate_user_id
 from memory.store import Store, users_filter
 
 #: the watermark of a user never consolidated
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def new_run_id(kind: str) -> str:
+    return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
 def _rows(store: Store, name: str, columns: list[str], users: list[str] | None) -> list[dict[str, Any]]:
@@ -57,15 +65,33 @@ def pending_users(store: Store, users: list[str] | None = None) -> list[str]:
             out.add(user)
         if done and any(_active(r["pending_json"]) for r in rows.values()):
             out.add(user)
+    out.update(forgets_started(store, chosen, ("started", "purging")))
     return sorted(out)
 
 
-def new_feedback(store: Store, scope: str = "global") -> bool:
+def forgets_started(store: Store, users: list[str] | None = None,
+                    statuses: tuple[str, ...] = ("started",)) -> dict[str, list[dict[str, Any]]]:
+    """The `runs` rows of forgets that started and never completed (a crash between their intent and
+    their last write; with "purging" in `statuses`, also those whose purge never finished), per user
+    (of `users`, default every user), oldest first."""
+    if not store.has_table("runs"):
+        return {}
+    rows = store.read("runs", where=(col("kind") == lit("forget")) & col("status").isin(list(statuses))).to_pylist()
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: r["started_at"]):
+        for user in r["users"] or []:
+            if not users or user in users:
+                out[user].append(r)
+    return dict(out)
+
+
+def new_feedback(store: Store, scope: str = "global", users: list[str] | None = None) -> bool:
     """Whether feedback newer than the latest reranker version of its scope exists (`scope` "global":
-    one version for everyone; else one per user), i.e. whether the run would train a version."""
-    if not store.has_table("feedback"):
+    one version for everyone; else one per user), i.e. whether the run would train a version. A run
+    of some `users` trains only their versions: never the global one (it learns from everyone)."""
+    if not store.has_table("feedback") or (users and scope == "global"):
         return False
-    fb = _rows(store, "feedback", ["user_id", "created_at"], None)
+    fb = _rows(store, "feedback", ["user_id", "created_at"], sorted(set(users)) if users else None)
     if not fb:
         return False
     latest: dict[str, tuple[int, datetime]] = {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from memory.embed import check_embedder, embedder_for
 from memory.ids import validate_user_id
 from memory.lease import run_lease
-from memory.nightly import pending_users
+from memory.nightly import forgets_started, new_run_id, pending_users
 from memory.settings import Settings
 from memory.store import Store
 from memory.units import UNITS
@@ -29,15 +28,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def new_run_id(kind: str) -> str:
-    return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-
-
 def open_store(settings: Settings) -> Store:
     """The store of these settings, sized for their embedder, its writes waiting up to
     `settings.write_lease_wait_s` for the store's writer lease."""
     return Store(settings.store, dim=embedder_for(settings).dim, write_lease_wait_s=settings.write_lease_wait_s,
                  lease_backend=settings.lease_backend, lease_ttl_s=settings.lease_ttl_s)
+
+
+def finish_forgets(store: Store, settings: Settings, users: list[str] | None = None) -> list[str]:
+    """Finish the forgets of `users` (default every user) a crash left `started`, and the purges of any
+    left `purging`, before a run plans its shards (`memory.forget.finish_forgets`, `finish_purges`; the
+    caller holds the run lease); their summaries."""
+    if not forgets_started(store, users, ("started", "purging")):
+        return []
+    from memory.forget import finish_forgets as finish
+    from memory.forget_purge import finish_purges
+
+    out = [f"finished a forget a crash had left unfinished: {r.summary()}" for r in finish(store, settings, users)]
+    if purged := finish_purges(store):
+        out.append(f"finished the purge of {purged} forget(s) a crash had left purging")
+    return out
 
 
 def plan_shards(store: Store, users: list[str] | None, shard_size: int, *, everyone: bool = False) -> list[list[str]]:
@@ -149,13 +159,19 @@ def consolidate(
 
     `shards`: the `plan_shards(store, users, settings.shard_size)` the caller already made (else
     planned here). Holds the store's run lease (`memory.lease`) throughout: while another run holds
-    it, waits up to `settings.run_lease_wait_s`, then raises `RunInProgressError`."""
+    it, waits up to `settings.run_lease_wait_s`, then raises `RunInProgressError`. Under it, first
+    finishes the forgets of its users a crash left unfinished (`finish_forgets`): consolidating the
+    messages such a forget was deleting would make them memory again."""
     from memory.pipeline import run_shard
 
     with run_lease(store.uri, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         start = time.perf_counter()
         report = new_report(kind, settings, run_id)
         check_embedder(store, embedder_for(settings))
+        for line in (finished := finish_forgets(store, settings, users)):
+            log.warning("%s", line)
+        if finished:   # they changed what is pending
+            shards = None
         if shards is None:
             shards = plan_shards(store, users, settings.shard_size, everyone=settings.rebuild_graph)
         for shard in shards:

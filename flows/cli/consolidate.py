@@ -18,6 +18,7 @@ from typing import Optional
 import typer
 
 from flows.cli.context import console, csv, existing_store, finish_run, settings_of
+from flows.cli.ingest import unreadable
 from memory.errors import ConfigError
 from memory.settings import Settings
 
@@ -53,15 +54,25 @@ def consolidate(
     if engine == "local":
         from rich.progress import Progress
 
+        from memory.embed import embedder_for
+        from memory.lease import run_lease
         from memory.runs import consolidate as run_local, open_store, plan_shards
+        from retrieval.rerank import train_step
+        from retrieval.retriever import Retriever
 
         store = open_store(settings)
-        shards = plan_shards(store, chosen, settings.shard_size, everyone=settings.rebuild_graph)
-        with Progress(console=console, transient=True) as progress:
-            bar = progress.add_task("consolidating shards", total=len(shards))
-            report = run_local(store, settings, on_shard=lambda _: progress.advance(bar), shards=shards)
+        # the train step under the run's lease too, as the flow's: a forget must not delete its feedback meanwhile
+        with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
+            shards = plan_shards(store, chosen, settings.shard_size, everyone=settings.rebuild_graph)
+            with Progress(console=console, transient=True) as progress:
+                bar = progress.add_task("consolidating shards", total=len(shards))
+                report = run_local(store, settings, chosen, on_shard=lambda _: progress.advance(bar), shards=shards)
+            trained = train_step(Retriever(store, settings, embedder_for(settings)),
+                                 scope=settings.retrieval.rerank_scope, run_id=report.run_id, users=chosen)
         typer.echo(report.summary())
         typer.echo(report.compaction)
+        for line in trained:
+            typer.echo(line)
         finish_run(report.status)
         return
     from flows.consolidate import run_flow
@@ -92,7 +103,7 @@ def nothing_to_do(settings: Settings, users: list[str] | None) -> bool:
     start = time.perf_counter()
     with run_lease(settings.store, settings.run_lease_wait_s, settings.lease_backend, settings.lease_ttl_s):
         store = open_store(settings)
-        if pending_users(store, users) or new_feedback(store, settings.retrieval.rerank_scope):
+        if pending_users(store, users) or new_feedback(store, settings.retrieval.rerank_scope, users):
             return False
         report = new_report("consolidate", settings)
         report.seconds = time.perf_counter() - start
@@ -125,6 +136,8 @@ def backfill(
     result = run_flow("backfill", settings, path=path, fmt=fmt, observations_as_fragments=observations_as_fragments,
                       user_id=user)
     typer.echo(result["ingest"])
+    if result["status"] == "unreadable":   # no row read: nothing consolidated (never "every user")
+        unreadable(path, fmt)
     typer.echo(result["summary"])
     if result.get("compaction"):
         typer.echo(result["compaction"])

@@ -1,7 +1,7 @@
 """`mnemo ingest`: validate an archive and load it into the store."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.markup import escape
@@ -30,9 +30,14 @@ def ingest(
     report = ingest_batch(open_store(settings_of(ctx)), batch, start=start)   # read first: a bad archive makes no store
     typer.echo(report.summary())
     if batch.messages.is_empty() and report.quarantined:
-        console.print(f"[red]no message of {escape(path)} could be read as {escape(fmt)}[/]: is --format right? The rows are kept "
-                      "in the quarantine table with their reasons", soft_wrap=True)
-        raise typer.Exit(EXIT_FAILED)
+        unreadable(path, fmt)
+
+
+def unreadable(path: str, fmt: str) -> NoReturn:
+    """Say that no message of the archive could be read, and exit 1 (`ingest`, `backfill`)."""
+    console.print(f"[red]no message of {escape(path)} could be read as {escape(fmt)}[/]: is --format right? The rows are kept "
+                  "in the quarantine table with their reasons", soft_wrap=True)
+    raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

@@ -67,8 +67,10 @@ def commit(store: Store, state: ShardState) -> dict[str, int]:
 
 
 #: tables of rows dated by session (or creation, for topics): a row dated after its user's watermark
-#: was written by a run that died before its watermarks (`leftovers`)
-DATED = {"insights": "session_ts", "clusters": "session_ts", "graph_nodes": "session_ts", "summaries": "session_ts",
+#: was written by a run that died before its watermarks (`leftovers`); every session after the
+#: watermark is consolidated again as new (`memory.stages.load`), so a fragment the re-run does not
+#: write again belongs to a session gone (forgotten) or answered otherwise
+DATED = {"fragments": "session_ts", "insights": "session_ts", "clusters": "session_ts", "graph_nodes": "session_ts", "summaries": "session_ts",
          "topics": "created_ts"}
 
 
@@ -108,9 +110,10 @@ def drop_leftovers(store: Store, state: ShardState, left: dict[str, list[dict[st
         return
     users = users_filter(sorted({s.user_id for s in state.sessions}))
     touched = {c.id for c in touched_clusters(state)}
+    own = {"fragments": state.fragments, "insights": state.insights}
     for name in DATED:
-        new = {r["id"] for r in state.extra.get(name, [])} | (touched if name == "clusters" else set()) | (
-            {r["id"] for r in state.insights} if name == "insights" else set())
+        new = {r["id"] for r in state.extra.get(name, []) + own.get(name, [])} | (
+            touched if name == "clusters" else set())
         dead = sorted(r["id"] for r in left.get(name, []) if r["id"] not in new)
         if dead:
             store.delete(name, users & col("id").isin(dead))

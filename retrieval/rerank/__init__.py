@@ -8,7 +8,7 @@ from __future__ import annotations
 from retrieval.rerank.examples import BaseRetriever, Example, candidates, examples_from_feedback
 from retrieval.rerank.model import GLOBAL, Reranker, RerankerCache, load_latest, save_version, scope_key
 from retrieval.rerank.train import (TrainConfig, TrainReport, cited_in_top, loss_grad, pl_grad, resolve_baseline,
-                                    train, train_reranker)
+                                    train, train_reranker, train_step)
 
 __all__ = [
     "GLOBAL",
@@ -29,4 +29,5 @@ __all__ = [
     "scope_key",
     "train",
     "train_reranker",
+    "train_step",
 ]

@@ -267,20 +267,34 @@ class TrainReport:
                 f"{m.get('cited_in_top_m_after', 0):.3f}, {m.get('seconds')}s")
 
 
+def train_step(retriever: BaseRetriever, *, scope: str, run_id: str,
+               users: Sequence[str] | None = None) -> list[str]:
+    """The train step after a consolidation (the flow's `train` task, `mnemo consolidate --engine
+    local`): `train_reranker` when the store holds feedback; one summary line per scope."""
+    if not retriever.store.has_table("feedback"):
+        return ["reranker: skipped (no feedback)"]
+    return [rep.summary() for rep in train_reranker(retriever, scope=scope, run_id=run_id, users=users)]
+
+
 def train_reranker(retriever: BaseRetriever, *, scope: str = GLOBAL, cfg: TrainConfig | None = None,
-                   run_id: str = "", strategy: str | None = None) -> list[TrainReport]:
+                   run_id: str = "", strategy: str | None = None,
+                   users: Sequence[str] | None = None) -> list[TrainReport]:
     """Train the next version of the global reranker (or of each user's, scope="user") from the
     feedback newer than the latest version; a scope with no new feedback, or none citing a memory, is
     skipped, and a version that ranks the cited memories lower than the one before (or diverged) is
-    not written: each nightly version starts from the last, so a bad one would compound."""
+    not written: each nightly version starts from the last, so a bad one would compound. `users`
+    (a run of some users, `--users`): only their own versions; the global one, trained on everyone's
+    feedback, is then skipped (the next run over every user trains it)."""
     cfg = cfg or TrainConfig.from_settings(retriever.settings)
     store = retriever.store
     reports = []
+    if scope == GLOBAL and users:
+        return [TrainReport(GLOBAL, None, 0, skipped="a run of some users (--users) trains only user scopes")]
     if scope == GLOBAL:
         groups = {GLOBAL: None}
     else:
-        users = sorted(set(read_feedback(store, columns=["user_id"]).column("user_id").to_pylist()))
-        groups = {scope_key("user", u): u for u in users}
+        have = sorted(set(read_feedback(store, columns=["user_id"]).column("user_id").to_pylist()))
+        groups = {scope_key("user", u): u for u in have if not users or u in users}
     start = load_latest(store, GLOBAL)[0] if scope != GLOBAL else None   # a user's first version starts here
     for key, user in groups.items():
         init, row = load_latest(store, key)

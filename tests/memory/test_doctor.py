@@ -140,7 +140,9 @@ def test_a_forget_left_unfinished_is_reported(sample_store: Store) -> None:
     assert doctor(sample_store).exit_code == 0
     lancedb.connect(sample_store.uri).open_table("runs").update(where="kind = 'forget'", values={"status": "purging"})
     res = doctor(sample_store)
-    assert res.exit_code == 1 and "of alice is purging" in res.output and "mnemo forget alice" in res.output, res.output
+    # the command it names finishes the forget; never a bare `mnemo forget alice` (that forgets all of alice)
+    assert res.exit_code == 1 and "of alice is purging" in res.output, res.output
+    assert "`mnemo consolidate --users alice` finishes it" in res.output, res.output
 
 
 def test_validity_naming_a_row_stored_nowhere_is_reported_and_cleared_by_fix(sample_store: Store) -> None:

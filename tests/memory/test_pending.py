@@ -273,8 +273,9 @@ def test_run_with_nothing_new_does_nothing(sample_store: Store, tmp_path: Path, 
     again = _run(store)
     assert again.counts["sessions"] == 0 and again.llm.get("calls", 0) == 0 and again.status == "completed"
     assert {name: store.version(name) for name in versions} == versions
-    # `units`: the runs row's write checks for a unit left open by a dead writer (memory.units)
-    assert set(store_reads) <= {"watermarks", "sessions", "progress", "messages", "units"}
+    # `units`: the runs row's write checks for a unit left open by a dead writer (memory.units);
+    # `runs`: the forgets a crash left `started`, finished before the run plans (memory.nightly)
+    assert set(store_reads) <= {"watermarks", "sessions", "progress", "messages", "units", "runs"}
     assert store_reads.count("messages") <= 1  # `plan_shards` lists the users; no user's messages are read
 
 
