@@ -143,6 +143,25 @@ class Killed(RuntimeError):
     """The simulated crash of a run."""
 
 
+def forget_killed_before_messages(monkeypatch: pytest.MonkeyPatch, store: Store, user: str,
+                                  sessions: list[str]) -> None:
+    """A forget of `sessions` killed after it deleted their derived rows, before it deleted their
+    messages: its run stays `started`."""
+    from memory.forget import forget
+
+    real = Store.delete
+
+    def dies(self: Store, name: str, where: Any) -> Any:
+        if name == "messages":
+            raise Killed("killed before deleting the messages")
+        return real(self, name, where)
+
+    with monkeypatch.context() as m:
+        m.setattr(Store, "delete", dies)
+        with pytest.raises(Killed):
+            forget(store, Settings(store=store.uri), user, sessions=sessions)
+
+
 @contextmanager
 def killed_before(monkeypatch: pytest.MonkeyPatch, table: str) -> Iterator[None]:
     """The block must die the moment it writes `table` (earlier writes land); the store heals after."""

@@ -16,13 +16,12 @@ from typer.testing import CliRunner
 import flows.consolidate as fc
 from flows.cli import app
 from memory.errors import ConfigError
-from memory.forget import forget
 from memory.ingest import ingest
 from memory.runs import open_store
 from memory.settings import Settings
 from memory.store import Store
 from retrieval.retriever import Retriever
-from tests.helpers import SAMPLE, Killed
+from tests.helpers import SAMPLE, forget_killed_before_messages
 
 QUERY = "What guitar did Alice buy?"
 
@@ -51,17 +50,7 @@ def scopes(store: Store) -> list[str]:
 def test_the_nightly_flow_finishes_a_killed_forget_first(prefect_harness: None, sample_store: Store,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     store = sample_store
-    real = Store.delete
-
-    def dies(self: Store, name: str, where: Any) -> Any:
-        if name == "messages":
-            raise Killed("killed before deleting the messages")
-        return real(self, name, where)
-
-    with monkeypatch.context() as m:
-        m.setattr(Store, "delete", dies)
-        with pytest.raises(Killed):
-            forget(store, Settings(store=store.uri), "alice", sessions=["alice-s2"])
+    forget_killed_before_messages(monkeypatch, store, "alice", ["alice-s2"])
     fc.consolidate_flow(users=None, overrides={"store": store.uri})
     assert store.read("messages", where=col("session_id") == lit("alice-s2")).num_rows == 0
     rows = store.read("fragments", "alice", columns=["source_ids"]).to_pylist()

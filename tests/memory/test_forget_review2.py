@@ -16,7 +16,7 @@ from memory.nightly import pending_users
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
-from tests.helpers import Killed, copy_store, killed_before
+from tests.helpers import Killed, copy_store, forget_killed_before_messages, killed_before
 from tests.memory.test_forget import SESSION_CANARY, build, canary_archive, occurrences, provenance_ok
 
 DERIVED = ("fragments", "insights", "topics", "summaries", "observations")
@@ -142,17 +142,7 @@ def killed_forget(canary_store: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     """A copy of the canary store and a forget of alice-s2 killed after it deleted the derived rows,
     before it deleted the messages (its run stays `started`)."""
     store = copy_store(canary_store, tmp_path / "store")
-    real = Store.delete
-
-    def dies(self: Store, name: str, where: Any) -> Any:
-        if name == "messages":
-            raise Killed("killed before deleting the messages")
-        return real(self, name, where)
-
-    with monkeypatch.context() as m:
-        m.setattr(Store, "delete", dies)
-        with pytest.raises(Killed):
-            forget(store, Settings(store=store.uri), "alice", sessions=["alice-s2"])
+    forget_killed_before_messages(monkeypatch, store, "alice", ["alice-s2"])
     assert store.read("runs", where=(col("kind") == lit("forget")) & (col("status") == lit("started"))).num_rows == 1
     assert store.read("messages", where=col("session_id") == lit("alice-s2")).num_rows > 0
     yield store
