@@ -3,7 +3,8 @@
 `read_archive` is pure: it parses one archive into Polars frames of `messages`, `sessions` and
 (LoCoMo, on request) `observations`, plus the rows it set aside, each with a reason and its raw text.
 `ingest` checks that batch against what the store already holds for each user (scoped reads), then
-writes every table with one upsert. Ids are deterministic, so ingesting a file twice adds nothing.
+writes every table with one upsert (new messages: inserts of `write.INSERT_ROWS` rows). Ids are
+deterministic, so ingesting a file twice adds nothing.
 
 `append` (`append.py`) validates one user's batch of new turns exactly like an ingest and writes it.
 

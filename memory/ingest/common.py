@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import polars as pl
 
@@ -13,8 +13,8 @@ from memory.ids import validate_user_id
 
 __all__ = ["FORMATS", "FOLDER_FORMATS", "STAGE", "REUSED_ID", "FIELDS", "MAX_TEXT_CHARS", "MAX_ID_CHARS", "TS",
            "MESSAGES_SCHEMA", "SESSIONS_SCHEMA", "OBSERVATIONS_SCHEMA", "FrameSchema", "ArchiveBatch", "Reader",
-           "quarantine_row", "valid_user", "dump_raw", "has_surrogate", "row_problem", "parse_time", "bad_time",
-           "record", "parse_stamp"]
+           "RawOf", "quarantine_row", "valid_user", "dump_raw", "has_surrogate", "row_problem", "parse_time",
+           "bad_time", "record", "parse_stamp"]
 
 FORMATS = ("locomo", "longmemeval", "jsonl", "parquet", "beam")
 #: formats whose PATH may also be a folder (the others read one file)
@@ -43,11 +43,16 @@ OBSERVATIONS_SCHEMA: FrameSchema = {"id": pl.String, "user_id": pl.String, "sess
 
 
 Reader = Iterator[tuple[str, dict[str, Any]]]  # ("msg" | "bad", row)
+#: the raw text of kept rows (`source`, `user_id`, `message_id`, `text` each) by source, read again from
+#: the archive (`ArchiveBatch.raw_of`)
+RawOf = Callable[[Iterable[dict[str, Any]]], dict[str, str]]
 
 
 @dataclass
 class ArchiveBatch:
-    """One archive parsed: `messages` also carries `source` and `raw` (dropped when written)."""
+    """One archive parsed: `messages` also carries `source` and `raw` (dropped when written). With
+    `raw_of` (jsonl, parquet) a kept message's `raw` is null, and `raw_of` reads it again from the
+    archive when the message is set aside after all (its id stored with other text)."""
 
     archive: str
     format: str
@@ -56,6 +61,7 @@ class ArchiveBatch:
     observations: pl.DataFrame
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     messages_read: int = 0
+    raw_of: RawOf | None = None
 
 
 def quarantine_row(user_id: Any, source: str, reason: str, raw: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Format readers: each turns one archive into ("msg", message record) and ("bad", quarantine row) pairs.
 
 `locomo` and `longmemeval` are JSON files read whole (:func:`read_json`); `jsonl` and `parquet` are
-streamed, one row at a time, each row checked for the generic fields (:data:`FIELDS`). LoCoMo's
+streamed, one row at a time, each row checked for the generic fields (:data:`FIELDS`); their rows'
+raw text can be read again by source (:func:`raw_reader`), so a kept row's need not be held. LoCoMo's
 observations are read separately (:func:`locomo_observations`), only when asked for. BEAM chats
 (one `chat.json` or a folder of them) are read by :mod:`memory.ingest.beam`.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,15 +19,17 @@ import pyarrow.parquet as pq
 
 from memory.errors import IngestError
 from memory.ingest.beam import read_beam
-from memory.ingest.common import (FIELDS, Reader, bad_time, dump_raw, has_surrogate, parse_stamp, parse_time,
-                                  quarantine_row, record)
+from memory.ingest.common import (FIELDS, RawOf, Reader, bad_time, dump_raw, has_surrogate, parse_stamp,
+                                  parse_time, quarantine_row, record)
 
-__all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations", "from_mapping"]
+__all__ = ["Reader", "NOT_A_LIST", "read_json", "read_rows", "locomo_observations", "from_mapping", "raw_reader"]
 
 _LOCOMO_TIME = "%I:%M %p on %d %B, %Y"          # "1:56 pm on 8 May, 2023"
 _LONGMEMEVAL_TIME = "%Y/%m/%d (%a) %H:%M"        # "2023/05/20 (Sat) 02:21"
 #: the quarantine reason of a LoCoMo / LongMemEval session that is not a list of turns (kept whole)
 NOT_A_LIST = "invalid session: not a list of turns"
+#: Parquet rows read at a time
+_PARQUET_BATCH = 8192
 
 
 def read_json(path: Path) -> Any:
@@ -169,7 +172,7 @@ def _read_jsonl(path: Path) -> Reader:
             if not line.strip():
                 continue
             source = f"{path.name}:line {n}"
-            raw = line.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
+            raw = _line_raw(line)
             try:
                 text = line.decode("utf-8").lstrip("\ufeff")
             except UnicodeDecodeError:
@@ -197,7 +200,7 @@ def _read_parquet(path: Path) -> Reader:
         raise IngestError(f"{path.name} lacks column(s) {', '.join(missing)} (needs {', '.join(FIELDS)})",
                           archive=str(path), missing=missing)
     n = 0
-    for batch in pf.iter_batches(batch_size=65536):
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
         for row in _microseconds(batch).to_pylist():
             yield from_mapping(row, f"{path.name}:row {n}", dump_raw(row))
             n += 1
@@ -210,6 +213,59 @@ def _microseconds(batch: pa.RecordBatch) -> pa.RecordBatch:
             if pa.types.is_timestamp(c.type) and c.type.unit == "ns" else c for c in batch.columns]
     return pa.RecordBatch.from_arrays(cols, schema=pa.schema(
         [f.with_type(c.type) for f, c in zip(batch.schema, cols)], metadata=batch.schema.metadata))
+
+
+def _line_raw(line: bytes) -> str:
+    """The raw text of a jsonl line (the line without its end, any BOM, undecodable bytes replaced)."""
+    return line.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
+
+
+def raw_reader(path: Path, fmt: str) -> RawOf | None:
+    """For jsonl and parquet, a function giving the raw text of kept rows (their `source`, `user_id`,
+    `message_id` and `text`) as the reader gave it, read again from `path`; IngestError when a row
+    no longer holds that message (the file was rewritten since). None for the other formats (their
+    rows keep their raw text)."""
+    if fmt not in ("jsonl", "parquet"):
+        return None
+
+    def raw_of(rows: Iterable[dict[str, Any]]) -> dict[str, str]:
+        wanted = {r["source"]: (r["user_id"], r["message_id"], r["text"]) for r in rows}
+        if not wanted:
+            return {}
+        try:
+            found = _reread(path, fmt, wanted)
+        except (OSError, ValueError, pa.ArrowException):   # gone, no longer readable or parsable
+            found = {}
+        if wanted.keys() - found.keys():
+            raise IngestError(f"{path.name} changed while it was ingested: ingest it again", archive=str(path))
+        return found
+    return raw_of
+
+
+def _reread(path: Path, fmt: str, wanted: dict[str, tuple[str, str, str]]) -> dict[str, str]:
+    """The raw text of the rows named in `wanted` that still hold its (user, message id, text)."""
+    def same(source: str, row: Any, raw: str) -> bool:
+        kind, rec = from_mapping(row, source, raw) if isinstance(row, dict) else ("bad", {})
+        return kind == "msg" and (rec["user_id"], rec["message_id"], rec["text"]) == wanted[source]
+
+    found: dict[str, str] = {}
+    if fmt == "jsonl":
+        with path.open("rb") as fh:
+            for n, line in enumerate(fh, start=1):
+                if (source := f"{path.name}:line {n}") in wanted:
+                    raw = _line_raw(line)
+                    if same(source, json.loads(line.decode("utf-8").lstrip("\ufeff")), raw):
+                        found[source] = raw
+        return found
+    n = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH):
+        hits = [i for i in range(batch.num_rows) if f"{path.name}:row {n + i}" in wanted]
+        for i, row in zip(hits, _microseconds(batch).take(pa.array(hits, pa.int64())).to_pylist() if hits else []):
+            source, raw = f"{path.name}:row {n + i}", dump_raw(row)
+            if same(source, row, raw):
+                found[source] = raw
+        n += batch.num_rows
+    return found
 
 
 def read_rows(path: Path, fmt: str, data: Any, user_id: str | None = None) -> Reader:

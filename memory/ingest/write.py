@@ -3,7 +3,8 @@
 Stored messages are read per user (tenant-scoped), only those the batch repeats or whose sessions it
 extends: a stored id with other text is quarantined, new messages continue their session's `seq`, and
 only session rows that change are written. Observations and quarantine rows already stored are skipped.
-Every table is written with one upsert, and the run is recorded in `runs`.
+Every table is written with one upsert (new messages: plain inserts of :data:`INSERT_ROWS` rows), and the
+run is recorded in `runs`.
 """
 from __future__ import annotations
 
@@ -21,14 +22,20 @@ from lancedb.expr import col
 
 from memory.ids import make_id, progress_id
 from memory.ingest.common import (OBSERVATIONS_SCHEMA, REUSED_ID, SESSIONS_SCHEMA, TS, ArchiveBatch,
-                                  FrameSchema, quarantine_row)
-from memory.ingest.validate import read_archive, sessions_frame
+                                  FrameSchema, RawOf, quarantine_row)
+from memory.ingest.validate import read_archive, sessions_frame, with_raw
 from memory.store import Store
 
-__all__ = ["IngestReport", "ingest", "ingest_batch", "StoredBatch", "store_batch", "count_reasons",
-           "consolidated_sessions", "quarantine_id"]
+__all__ = ["INSERT_ROWS", "READ_KEYS", "IngestReport", "ingest", "ingest_batch", "StoredBatch", "store_batch",
+           "count_reasons", "consolidated_sessions", "quarantine_id"]
 
 log = logging.getLogger(__name__)
+
+#: new messages inserted this many at a time (`Store.conform` makes each row's terms and null vector:
+#: a whole archive at once took several times its size)
+INSERT_ROWS = 10_000
+#: ids (and session ids) one read of the stored messages a batch touches names at most
+READ_KEYS = 5_000
 
 
 @dataclass
@@ -76,7 +83,7 @@ def ingest_batch(store: Store, batch: ArchiveBatch, *, run_id: str | None = None
     start = time.perf_counter() if start is None else start
     started_at = datetime.now(timezone.utc)
     run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    users = sorted(set(batch.messages["user_id"].to_list()))
+    users = sorted(batch.messages["user_id"].unique().to_list())
 
     done = store_batch(store, batch, run_id)
     new, quarantine, written = done.new, done.quarantine, done.written
@@ -120,23 +127,36 @@ def store_batch(store: Store, batch: ArchiveBatch, run_id: str) -> StoredBatch:
     with store.write_lease():
         quarantine = list(batch.quarantine)
         existing = _existing_messages(store, batch)
-        stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
-        joined = batch.messages.join(stored, on=["user_id", "message_id"], how="left")
-        conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
-        quarantine += [quarantine_row(r["user_id"], r["source"], REUSED_ID, r["raw"])
-                       for r in conflicts.iter_rows(named=True)]
-        new = _continue_seq(joined.filter(pl.col("_stored").is_null()).drop("_old", "_stored"), existing)
+        reused, new = _against_stored(batch.messages, existing, batch.raw_of)
+        quarantine += reused
         sessions = _changed_sessions(store, batch, new, existing)
         observations = _new_observations(store, batch.observations)
         q_rows = _new_quarantine(store, quarantine, run_id)
         written = {
             # checked above, under the lease: none of these ids is stored
-            "messages": store.insert("messages", new.drop("source", "raw").to_arrow()) if new.height else 0,
+            "messages": _insert_messages(store, new),
             "sessions": store.upsert("sessions", sessions.to_arrow()) if sessions.height else 0,
             "observations": store.upsert("observations", observations.to_arrow()) if observations.height else 0,
             "quarantine": store.upsert("quarantine", q_rows) if q_rows else 0,
         }
     return StoredBatch(new=new, quarantine=quarantine, written=written)
+
+
+def _insert_messages(store: Store, new: pl.DataFrame) -> int:
+    """Insert the new messages :data:`INSERT_ROWS` at a time, in the batch's order (each session's in
+    `seq` order: a write cut short leaves each session's first ones, and ingesting again adds the rest
+    with the same `seq`). When the table had no user index, the one its first insert made is built
+    again over every row, as one insert would have made it. Returns the rows written."""
+    if new.height <= INSERT_ROWS:
+        return store.insert("messages", new.drop("source", "raw").to_arrow()) if new.height else 0
+    tbl = store.table("messages")
+    tbl.checkout_latest()
+    indexed = any("user_id" in idx.columns for idx in tbl.list_indices())
+    written = sum(store.insert("messages", part.drop("source", "raw").to_arrow())
+                  for part in new.iter_slices(INSERT_ROWS))
+    if not indexed:
+        store.reindex_users("messages")
+    return written
 
 
 def count_reasons(quarantine: list[dict[str, Any]]) -> dict[str, int]:
@@ -157,20 +177,43 @@ def _existing_messages(store: Store, batch: ArchiveBatch) -> pl.DataFrame:
     frames = [pl.DataFrame(schema=schema)]
     if store.has_table("messages"):
         for (user,), mine in batch.messages.group_by("user_id"):
-            t = store.read("messages", str(user), columns=cols,
-                           where=col("id").isin(mine["id"].to_list())
-                           | col("session_id").isin(mine["session_id"].unique().to_list()))
-            if t.num_rows:
-                df = pl.from_arrow(t)
-                assert isinstance(df, pl.DataFrame)
+            df = _stored_of(store, str(user), cols, mine["id"].to_list(), mine["session_id"].unique().to_list())
+            if df.height:
                 frames.append(df.with_columns(user_id=pl.lit(user)).select(list(schema)).cast(pl.Schema(schema)))
     return pl.concat(frames)
+
+
+def _stored_of(store: Store, user: str, cols: list[str], ids: list[str], sessions: list[str]) -> pl.DataFrame:
+    """The user's stored messages whose id is one of `ids` or whose session one of `sessions`; for a
+    large batch read :data:`READ_KEYS` of them at a time (each row once: a filter naming a whole
+    archive's ids took several times the rows' size to run)."""
+    if len(ids) <= READ_KEYS and len(sessions) <= READ_KEYS:
+        df = pl.from_arrow(store.read("messages", user, columns=cols,
+                                      where=col("id").isin(ids) | col("session_id").isin(sessions)))
+        assert isinstance(df, pl.DataFrame)
+        return df
+    wheres = [col(name).isin(keys[i:i + READ_KEYS]) for name, keys in (("id", ids), ("session_id", sessions))
+              for i in range(0, len(keys), READ_KEYS)]
+    df = pl.concat([pl.DataFrame(store.read("messages", user, columns=[*cols, "_rowid"], where=w)) for w in wheres])
+    return df.unique("_rowid", keep="first", maintain_order=True).drop("_rowid")
+
+
+def _against_stored(messages: pl.DataFrame, existing: pl.DataFrame,
+                    raw_of: RawOf | None) -> tuple[list[dict[str, Any]], pl.DataFrame]:
+    """(quarantine rows of the messages whose ids are stored with other text, their raw text read
+    again by `raw_of` where the batch left it out; the messages not stored, their `seq` continued)."""
+    stored = existing.select("user_id", "message_id", _old=pl.col("text"), _stored=pl.lit(True))
+    joined = messages.join(stored, on=["user_id", "message_id"], how="left", maintain_order="left")
+    conflicts = joined.filter(pl.col("_stored").fill_null(False) & pl.col("text").ne_missing(pl.col("_old")))
+    reused = [quarantine_row(r["user_id"], r["source"], REUSED_ID, r["raw"])
+              for r in with_raw(conflicts, raw_of).iter_rows(named=True)]
+    return reused, _continue_seq(joined.filter(pl.col("_stored").is_null()).drop("_old", "_stored"), existing)
 
 
 def _continue_seq(new: pl.DataFrame, existing: pl.DataFrame) -> pl.DataFrame:
     """New messages of a session the store already has go after its stored ones, in their own order."""
     offset = existing.group_by("user_id", "session_id").agg(_off=pl.col("seq").max() + 1)
-    return (new.join(offset, on=["user_id", "session_id"], how="left")
+    return (new.join(offset, on=["user_id", "session_id"], how="left", maintain_order="left")
             .with_columns(seq=(pl.col("seq").rank("ordinal").over("user_id", "session_id") - 1
                                + pl.col("_off").fill_null(0)).cast(pl.Int32))
             .drop("_off"))
