@@ -32,6 +32,7 @@ single `chat.json` that is not a JSON list cannot be read at all (IngestError).
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -90,7 +91,23 @@ def chat_files(path: Path) -> list[Path]:
     def natural(p: Path) -> list[tuple[int, int | str]]:
         return [(0, int(s)) if s.isdigit() else (1, s) for s in _SEGMENT.split(p.relative_to(path).as_posix()) if s]
 
-    return sorted((p for p in path.rglob("chat.json") if p.is_file()), key=natural)
+    return sorted((p for p in _under(path) if p.is_file()), key=natural)
+
+
+def _under(path: Path) -> list[Path]:
+    """Every `chat.json` below `path`, through linked folders too (a BEAM folder assembled from links
+    to chats; `Path.rglob` does not follow them before Python 3.13), each real folder once."""
+    seen: set[str] = set()
+    found = []
+    for root, dirs, files in os.walk(path, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:      # a link back up the tree
+            dirs[:] = []
+            continue
+        seen.add(real)
+        if "chat.json" in files:
+            found.append(Path(root) / "chat.json")
+    return found
 
 
 def read_beam(path: Path, user_id: str | None = None) -> Reader:

@@ -167,35 +167,39 @@ def count_reasons(quarantine: list[dict[str, Any]]) -> dict[str, int]:
     return reasons
 
 
+#: the stored messages' columns a batch is checked against
+STORED: FrameSchema = {"user_id": pl.String, "message_id": pl.String, "text": pl.String, "session_id": pl.String,
+                       "seq": pl.Int32, "speaker": pl.String, "ts": TS}
+
+
 def _existing_messages(store: Store, batch: ArchiveBatch) -> pl.DataFrame:
     """The stored messages this batch touches, read one user at a time (tenant-scoped): those whose
-    ids it repeats (to spot a reused id) and those of its sessions (to continue `seq` and recompute
-    the session rows). The rest of a user's history is not read."""
-    cols = ["message_id", "text", "session_id", "seq", "speaker", "ts"]
-    schema: FrameSchema = {"user_id": pl.String, "message_id": pl.String, "text": pl.String, "session_id": pl.String,
-                           "seq": pl.Int32, "speaker": pl.String, "ts": TS}
+    ids it repeats, with their text (to spot a reused id), and those of its sessions, without it (to
+    continue `seq` and recompute the session rows: an append to a long session reads no text of it).
+    The rest of a user's history is not read."""
+    cols = ["message_id", "session_id", "seq", "speaker", "ts"]
+    schema = STORED
     frames = [pl.DataFrame(schema=schema)]
     if store.has_table("messages"):
         for (user,), mine in batch.messages.group_by("user_id"):
-            df = _stored_of(store, str(user), cols, mine["id"].to_list(), mine["session_id"].unique().to_list())
-            if df.height:
-                frames.append(df.with_columns(user_id=pl.lit(user)).select(list(schema)).cast(pl.Schema(schema)))
+            repeated = _stored_of(store, str(user), [*cols, "text"], "id", mine["id"].to_list())
+            mates = _stored_of(store, str(user), cols, "session_id", mine["session_id"].unique().to_list())
+            df = pl.concat([repeated, mates.with_columns(text=pl.lit(None, pl.String))], how="diagonal")
+            if df.height:   # a repeated id of one of its sessions: the row with its text
+                frames.append(df.unique("message_id", keep="first", maintain_order=True)
+                              .with_columns(user_id=pl.lit(user)).select(list(schema)).cast(pl.Schema(schema)))
     return pl.concat(frames)
 
 
-def _stored_of(store: Store, user: str, cols: list[str], ids: list[str], sessions: list[str]) -> pl.DataFrame:
-    """The user's stored messages whose id is one of `ids` or whose session one of `sessions`; for a
-    large batch read :data:`READ_KEYS` of them at a time (each row once: a filter naming a whole
-    archive's ids took several times the rows' size to run)."""
-    if len(ids) <= READ_KEYS and len(sessions) <= READ_KEYS:
-        df = pl.from_arrow(store.read("messages", user, columns=cols,
-                                      where=col("id").isin(ids) | col("session_id").isin(sessions)))
+def _stored_of(store: Store, user: str, cols: list[str], key: str, values: list[str]) -> pl.DataFrame:
+    """The user's stored messages whose `key` column is one of `values`, read :data:`READ_KEYS` values
+    at a time (a filter naming a whole archive's ids took several times the rows' size to run)."""
+    parts = []
+    for i in range(0, len(values), READ_KEYS):
+        df = pl.from_arrow(store.read("messages", user, columns=cols, where=col(key).isin(values[i:i + READ_KEYS])))
         assert isinstance(df, pl.DataFrame)
-        return df
-    wheres = [col(name).isin(keys[i:i + READ_KEYS]) for name, keys in (("id", ids), ("session_id", sessions))
-              for i in range(0, len(keys), READ_KEYS)]
-    df = pl.concat([pl.DataFrame(store.read("messages", user, columns=[*cols, "_rowid"], where=w)) for w in wheres])
-    return df.unique("_rowid", keep="first", maintain_order=True).drop("_rowid")
+        parts.append(df.cast(pl.Schema({c: STORED[c] for c in cols})))
+    return pl.concat(parts) if parts else pl.DataFrame(schema={c: STORED[c] for c in cols})
 
 
 def _against_stored(messages: pl.DataFrame, existing: pl.DataFrame,

@@ -100,3 +100,24 @@ def test_compactor_keeps_the_append_tables_compact(store: Store) -> None:
     assert files < 8                                            # one per batch without it
     assert store.read("messages", "carol").num_rows == 24      # nothing lost or doubled by the rewrite
     assert len(set(store.read("messages", "carol").column("id").to_pylist())) == 24
+
+
+def test_an_append_reads_the_text_of_repeated_ids_only(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appending to a long session reads its turns' seq, speaker and time, not their text: only the
+    stored turns whose ids the batch repeats come with text (memory per append stays the batch's)."""
+    assert append(store, "carol", [turn(i, session="carol-long") for i in range(40)]).added == 40
+    real = Store.read
+    texts: list[int] = []
+
+    def spy(self: Store, name: str, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, name, *args, **kwargs)
+        if name == "messages" and "text" in (kwargs.get("columns") or out.column_names):
+            texts.append(out.num_rows)
+        return out
+
+    monkeypatch.setattr(Store, "read", spy)
+    rep = append(store, "carol", [turn(0, session="carol-long"), turn(41, session="carol-long")])
+    assert rep.added == 1 and rep.duplicates == 1
+    assert texts and max(texts) <= 1, texts       # the repeated turn's text alone
+    stored = store.read("messages", "carol", where=col("session_id") == "carol-long").to_pylist()
+    assert sorted(r["seq"] for r in stored) == list(range(41))

@@ -14,7 +14,7 @@ import pytest
 
 from memory.errors import IngestError, InvalidUserIdError
 from memory.ingest import ingest, read_archive
-from memory.ingest.beam import EPOCH, STEP, parse_anchor, strip_marker
+from memory.ingest.beam import EPOCH, STEP, chat_files, parse_anchor, strip_marker
 from memory.store import Store
 from tests.helpers import REPO
 
@@ -189,3 +189,17 @@ def test_a_folder_of_chats(tmp_path: Path, store: Store) -> None:
     total = sum(len(_chat_order(json.loads((root / "100K" / k / "chat.json").read_text()))) for k in ("1", "2"))
     assert report.messages_added == total
     assert ingest(store, root, "beam").messages_added == 0
+
+
+def test_a_folder_of_linked_chats(tmp_path: Path) -> None:
+    """A BEAM folder assembled from links to chat folders (one scale's chat next to another's) reads
+    every linked chat, in natural order, and a link back up the tree is walked once."""
+    root = tmp_path / "beam"
+    (root / "100K").mkdir(parents=True)
+    (root / "1M").mkdir()
+    (root / "100K" / "10").symlink_to(BEAM / "100K" / "10")
+    (root / "100K" / "2").symlink_to(BEAM / "100K" / "2")
+    (root / "1M" / "loop").symlink_to(root)
+    assert [p.parent.name for p in chat_files(root)] == ["2", "10"]
+    batch = read_archive(root, "beam")
+    assert batch.quarantine == [] and sorted(set(batch.messages["user_id"])) == ["beam-100K-10", "beam-100K-2"]
