@@ -10,8 +10,9 @@ When an API key is configured (`RetrievalSettings.api_key`, read from MNEMO_API_
 `Authorization: Bearer <key>`: `retrieval.guard.RequestGuard` answers 401 before reading any body,
 and 413 as soon as a body (chunked or not) passes `max_query_chars * 12 + 8192` bytes.
 HTTP codes are chosen here only: malformed user id, blank query, unknown strategy (`""` included),
-unknown memory kind, out-of-range number or bad body 422; query longer than `max_query_chars` 413;
-unknown users get an empty result (200).
+unknown memory kind, out-of-range number or bad body 422 (a body that cannot be parsed at all, too
+deeply nested or not UTF-8, too: FastAPI's own answer to those is 400, `unparsable_body`); query
+longer than `max_query_chars` 413; unknown users get an empty result (200).
 
 Writes (feedback here, appends and forgets of `flows.service`) take the store's write lease
 (`memory.lease`) and wait for it up to the store's `write_lease_wait_s` (`mnemo serve` sets it to
@@ -29,9 +30,11 @@ from typing import Annotated, Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memory.errors import (ConfigError, EmbedderMismatchError, InvalidUserIdError, MnemoError, RunInProgressError,
                            StoreBusyError)
@@ -48,6 +51,8 @@ INT64_MAX = 2**63 - 1
 RETRY_AFTER_BUSY_S = 2
 #: seconds a client is told to wait before retrying a write refused during a consolidation run (409)
 RETRY_AFTER_RUN_S = 30
+#: FastAPI's detail (with 400) for a JSON body that `json.loads` failed on other than by a decode error
+BODY_PARSE_ERROR = "There was an error parsing the body"
 
 
 def _not_blank(value: str) -> str:
@@ -83,6 +88,18 @@ class ContextRequest(RetrieveRequest):
     max_tokens: Optional[StrictInt] = Field(None, ge=1, le=100_000, description="token budget of the context")
 
 
+def unparsable_body(exc: StarletteHTTPException) -> JSONResponse | None:
+    """422 for FastAPI's 400 on a JSON body it could not parse (nested too deep for the parser: a
+    RecursionError; not UTF-8), like invalid JSON gets; None for any other HTTP error."""
+    if exc.status_code != 400 or exc.detail != BODY_PARSE_ERROR:
+        return None
+    cause = exc.__cause__
+    why = ("nested too deep" if isinstance(cause, RecursionError) else
+           "not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else "not valid JSON")
+    return JSONResponse({"detail": [{"type": "json_invalid", "loc": ["body"],
+                                     "msg": f"the body cannot be parsed as JSON: {why}"}]}, status_code=422)
+
+
 def create_app(retriever: Retriever) -> FastAPI:
     """The FastAPI app serving one retriever."""
     settings = retriever.settings
@@ -96,6 +113,10 @@ def create_app(retriever: Retriever) -> FastAPI:
         # FastAPI's own handler echoes the input back, and fails (500) on text it cannot encode
         detail = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
         return JSONResponse({"detail": jsonable_encoder(detail)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return unparsable_body(exc) or await http_exception_handler(request, exc)
 
     @app.exception_handler(InvalidUserIdError)
     async def bad_user(_: Request, exc: InvalidUserIdError) -> JSONResponse:

@@ -11,11 +11,13 @@ backend and lifetime; the writer lease spans processes), with its own wait for t
 store answers `StoreBusyError` after `wait_s`, not after the default 30 s.
 
 Each call sends the batch to the child and returns its `AppendReport`; errors (`AppendTooLargeError`,
-`InvalidUserIdError`, `StoreBusyError`) come back as themselves. A child that died (killed, out of
-memory) is replaced and the batch sent once more (appends are idempotent by message id). After an
-append that added rows, the server's own `Store` is told which `messages` version the child made and
-for which user (`Store.inserts`, `memory.inserts`), so its retrieval cache keeps every other user's
-index without re-reading it.
+`InvalidUserIdError`, `StoreBusyError`) come back as themselves; a batch that cannot be pickled for the
+child (a turn nested too deep for the pickler: `RecursionError`) fails as `BatchNotSendableError`, the
+caller's input, never the worker's fault (the child and the other batches are unaffected). A child that
+died (killed, out of memory) is replaced and the batch sent once more (appends are idempotent by message
+id). After an append that added rows, the server's own `Store` is told which `messages` version the
+child made and for which user (`Store.inserts`, `memory.inserts`), so its retrieval cache keeps every
+other user's index without re-reading it.
 """
 from __future__ import annotations
 
@@ -23,16 +25,17 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import pickle
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Sequence
 
-from memory.errors import StoreError
+from memory.errors import MnemoError, StoreError
 from memory.ingest.append import AppendReport, Compactor, check_batch
 from memory.store import Store
 
-__all__ = ["AppendWorker", "TRACKED_TABLE"]
+__all__ = ["AppendWorker", "BatchNotSendableError", "TRACKED_TABLE"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,12 @@ TRACKED_TABLE = "messages"
 
 #: a noted insert as the child sends it back: (version before, version after, users), or None
 Noted = tuple[int, int, frozenset[str]] | None
+
+
+class BatchNotSendableError(MnemoError):
+    """A batch could not be pickled for the worker process: a turn is nested too deep (`RecursionError`)
+    or holds what pickle refuses. The caller's input: a service answers 422."""
+
 
 # the child's own store and compactor (set by `_start`, in the child only)
 _CHILD: dict[str, Any] = {}
@@ -124,6 +133,12 @@ class AppendWorker:
             exc = f.exception()
             if isinstance(exc, BrokenProcessPool):
                 self._died(done, pool, exc, user_id, turns, max_messages, retry)
+            elif isinstance(exc, (RecursionError, pickle.PicklingError)):
+                # the pool's feeder thread could not pickle the batch (nothing reached the child)
+                done.set_exception(BatchNotSendableError(
+                    f"the batch of {len(turns)} turns cannot be sent to the append worker process ({exc}): a "
+                    "turn is nested too deep; send flat turns (session_id, message_id, speaker, text, timestamp)",
+                    user_id=user_id, reason=type(exc).__name__))
             elif exc is not None:
                 done.set_exception(exc)
             else:

@@ -11,6 +11,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import httpx
 import pytest
 
+from flows.api_append import MAX_TURN_DEPTH
 from flows.service import configure_writes, create_app
 from memory.embed import Embedder
 from memory.ingest import REUSED_ID
@@ -88,6 +89,60 @@ def test_appended_turns_are_retrieved_after_consolidation(served: tuple[str, Sto
         consolidate(store, Settings(store=store.uri))
         res = c.post("/v1/users/bob/retrieve", json={"query": "Where is Bob's sister moving?", "k": 5}).json()
         assert any("bob-live-1" in it["source_ids"] for it in res["items"])
+
+
+def deep(levels: int) -> bytes:
+    """JSON text of `levels` nested lists."""
+    return b"[" * levels + b"]" * levels
+
+
+def posted(c: httpx.Client, path: str, body: bytes) -> httpx.Response:
+    return c.post(path, content=body, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("in_worker", [True, False], ids=["worker-process", "serving-process"])
+def test_a_turn_nested_too_deep_is_refused_422_naming_its_field(sample_store: Store, embedder: Embedder,
+                                                                serve_app: Callable[..., ContextManager[str]],
+                                                                in_worker: bool) -> None:
+    settings = Settings(store=sample_store.uri, retrieval=RetrievalSettings(api_key=KEY, append_process=in_worker))
+    r = Retriever(sample_store, settings, embedder=embedder)
+    with serve_app(create_app(r, settings), access_log=False) as url, \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+        turn = json.dumps(turns(1, session="deep")[0]).encode()[:-1]       # without its closing brace
+        # an unknown field 900 lists deep: it broke pickling the batch for the worker (500)
+        res = posted(c, "/v1/users/alice/messages", b'{"messages": [' + turn + b', "x": ' + deep(900) + b"}]}")
+        assert res.status_code == 422, res.text
+        assert res.json()["detail"][0]["loc"] == ["body", "messages", 0, "x"]
+        assert f"deeper than {MAX_TURN_DEPTH} levels" in res.json()["detail"][0]["msg"]
+        res = posted(c, "/v1/users/alice/messages", b'{"messages": [{"session_id": "a"}, ' + deep(900) + b"]}")
+        assert res.status_code == 422 and res.json()["detail"][0]["loc"] == ["body", "messages", 1], res.text
+        # at the limit (the turn counts as one level) it is accepted, its unknown field kept in the raw row
+        ok = posted(c, "/v1/users/alice/messages",
+                    b'{"messages": [' + turn + b', "x": ' + deep(MAX_TURN_DEPTH - 1) + b"}]}")
+        assert ok.status_code == 200 and ok.json()["added"] == 1, ok.text
+        over = posted(c, "/v1/users/alice/messages",
+                      b'{"messages": [' + turn + b', "x": ' + deep(MAX_TURN_DEPTH) + b"}]}")
+        assert over.status_code == 422, over.text
+        # the worker (and the service) still append
+        assert c.post("/v1/users/alice/messages", json={"messages": turns(2, session="deep")}).json()["added"] == 1
+        assert httpx.post(f"{url}/v1/users/alice/messages", content=deep(900)).status_code == 401   # the key first
+
+
+def test_an_unparsable_body_answers_422_not_400(served: tuple[str, Store]) -> None:
+    url, _ = served
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+        for path in ("/v1/users/alice/messages", "/v1/users/alice/retrieve"):
+            # nested deeper than the JSON parser goes (FastAPI's own answer: 400)
+            res = posted(c, path, b'{"messages": [' + deep(5000) + b"]}")
+            assert res.status_code == 422, res.text
+            assert res.json()["detail"] == [{"type": "json_invalid", "loc": ["body"],
+                                             "msg": "the body cannot be parsed as JSON: nested too deep"}]
+            assert posted(c, path, b'{"messages": ["\xff"]}').status_code == 422      # not UTF-8
+            assert posted(c, path, b"{not json").status_code == 422
+        missing = c.post("/v1/users/alice/nothing-here", json={})
+        assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}   # other codes unchanged
+        assert c.post("/v1/users/alice/retrieve", json={"query": "x" * 40_000}).status_code == 413
+    assert httpx.post(f"{url}/v1/users/alice/messages", content=deep(5000)).status_code == 401
 
 
 @pytest.mark.parametrize("in_worker", [True, False], ids=["worker-process", "serving-process"])

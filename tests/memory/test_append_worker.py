@@ -14,7 +14,7 @@ import pytest
 from memory.embed import Embedder
 from memory.errors import AppendTooLargeError, InvalidUserIdError, StoreBusyError
 from memory.ingest import REUSED_ID
-from memory.ingest.append_worker import AppendWorker
+from memory.ingest.append_worker import AppendWorker, BatchNotSendableError
 from memory.lease import write_lease
 from memory.settings import Settings
 from memory.store import Store
@@ -62,6 +62,19 @@ def test_a_killed_worker_is_replaced_and_the_batch_written_once(store: Store, wo
     assert (rep.added, rep.duplicates) == (2, 2)
     ids = store.read("messages", "dana", columns=["message_id"]).column("message_id").to_pylist()
     assert sorted(ids) == [f"dana-s1-m{i}" for i in range(4)]
+
+
+def test_a_batch_too_deep_to_pickle_is_refused_as_the_callers_input(store: Store, worker: AppendWorker) -> None:
+    child = worker.pid()
+    value: list[Any] = []
+    for _ in range(5000):                        # an unknown field nested deeper than pickle goes
+        value = [value]
+    bad = turns(1)[0] | {"x": value}
+    with pytest.raises(BatchNotSendableError, match="nested too deep") as err:
+        worker.append("dana", [bad], 10)
+    assert err.value.reason == "RecursionError" and err.value.user_id == "dana"
+    rep = worker.append("dana", turns(2), 10)    # the same child goes on with the next batch
+    assert rep.added == 2 and worker.pid() == child
 
 
 def test_a_busy_store_is_refused_after_the_short_wait(store: Store, worker: AppendWorker) -> None:
