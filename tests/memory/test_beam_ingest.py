@@ -191,6 +191,7 @@ def test_a_folder_of_chats(tmp_path: Path, store: Store) -> None:
     assert ingest(store, root, "beam").messages_added == 0
 
 
+@needs_beam
 def test_a_folder_of_linked_chats(tmp_path: Path) -> None:
     """A BEAM folder assembled from links to chat folders (one scale's chat next to another's) reads
     every linked chat, in natural order, and a link back up the tree is walked once."""
