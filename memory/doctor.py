@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-from lancedb.expr import col, lit
+from lancedb.expr import col
 
 from memory import schemas
 from memory.ingest.common import OBSERVATIONS_SCHEMA
 from memory.ingest.validate import sessions_frame
 from memory.ingest.write import consolidated_sessions
+from memory.nightly import forget_runs
 from memory.pointers import POINTERS, clear_pointers, unstored
 from memory.store import Store
 
@@ -191,11 +192,9 @@ def remake_sessions(store: Store, mismatched: list[dict[str, Any]]) -> int:
 
 def unfinished_forgets(store: Store) -> list[dict[str, Any]]:
     """{id, users, status} of forget runs not `completed` (none while no forget died or runs now)."""
-    if not store.has_table("runs"):
-        return []
-    rows = store.read("runs", columns=["id", "users", "status"],
-                      where=(col("kind") == lit("forget")) & (col("status") != lit("completed")))
-    return sorted(({**r, "users": r["users"] or []} for r in rows.to_pylist()), key=lambda r: r["id"])
+    rows = forget_runs(store, ("started", "purging"), columns=["id", "users", "status"])
+    return sorted(({k: r[k] for k in ("id", "status")} | {"users": r["users"] or []} for r in rows),
+                  key=lambda r: r["id"])
 
 
 def dangling_pointers(store: Store) -> dict[str, list[dict[str, Any]]]:

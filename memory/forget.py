@@ -52,9 +52,9 @@ from memory.forget_plan import (Plan, ReuseEmbedder, RollbackView, Scope, feedba
 from memory.forget_quarantine import quarantine_ids
 from memory.forget_purge import dir_bytes, purge, unpurged
 from memory.pointers import POINTERS, clear_pointers, unstored
-from memory.ids import make_id, progress_id
+from memory.ids import make_id, new_run_id, progress_id
 from memory.lease import run_lease
-from memory.nightly import forgets_started, new_run_id
+from memory.nightly import forgets_started
 from memory.llm.cache import ResponseCache, text_key
 from memory.resources import backend_for
 from memory.schemas import MEMORY_TABLES, USER_TABLES

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from lancedb.expr import col, lit
 
 from memory.lease import is_local
+from memory.nightly import forget_runs
 from memory.store import Store
 from memory.units import HIDDEN, UNITS
 
@@ -30,9 +31,7 @@ log = logging.getLogger(__name__)
 
 def unpurged(store: Store) -> list[dict[str, Any]]:
     """`runs` rows of forgets (of any user) whose deletes are written and whose purge never finished."""
-    if not store.has_table("runs"):
-        return []
-    return store.read("runs", where=(col("kind") == lit("forget")) & (col("status") == lit("purging"))).to_pylist()
+    return forget_runs(store, ("purging",))
 
 
 def finish_purges(store: Store) -> int:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
+from datetime import datetime, timezone
 
 from memory.errors import InvalidUserIdError
 
@@ -17,6 +19,11 @@ def make_id(*parts: object) -> str:
         h.update(str(part).encode("utf-8", "surrogatepass"))
         h.update(b"\x1f")
     return h.hexdigest()
+
+
+def new_run_id(kind: str) -> str:
+    """A run's id: its kind, the UTC time to the second and 6 random hex digits (`ingest-20240301T120000-1a2b3c`)."""
+    return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
 def progress_id(user: str, session_id: str | None) -> str:

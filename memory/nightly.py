@@ -8,13 +8,11 @@ watermark without the user's own progress row (a store to migrate), or a forget 
 `started` or `purging` (`forgets_started`: the run finishes it before it consolidates the user). The reranker owes
 a version when feedback is newer than the latest version of its scope. Reads: `watermarks`,
 `progress` and `sessions` (a few columns; one row per session, not per message) and, when they
-exist, the forget rows of `runs` and the `feedback` and `rerankers` timestamps. Also the run ids
-every command records (`new_run_id`).
+exist, the forget rows of `runs` and the `feedback` and `rerankers` timestamps.
 """
 from __future__ import annotations
 
 import json
-import uuid
 from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
@@ -27,10 +25,6 @@ from memory.store import Store, users_filter
 
 #: the watermark of a user never consolidated
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def new_run_id(kind: str) -> str:
-    return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
 def _rows(store: Store, name: str, columns: list[str], users: list[str] | None) -> list[dict[str, Any]]:
@@ -69,16 +63,21 @@ def pending_users(store: Store, users: list[str] | None = None) -> list[str]:
     return sorted(out)
 
 
+def forget_runs(store: Store, statuses: tuple[str, ...], columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """The `runs` rows of forgets in one of `statuses` ("started": a crash between their intent and
+    their last write; "purging": their purge never finished), oldest first."""
+    if not store.has_table("runs"):
+        return []
+    rows = store.read("runs", columns=None if columns is None else sorted({*columns, "started_at"}),
+                      where=(col("kind") == lit("forget")) & col("status").isin(list(statuses))).to_pylist()
+    return sorted(rows, key=lambda r: r["started_at"])
+
+
 def forgets_started(store: Store, users: list[str] | None = None,
                     statuses: tuple[str, ...] = ("started",)) -> dict[str, list[dict[str, Any]]]:
-    """The `runs` rows of forgets that started and never completed (a crash between their intent and
-    their last write; with "purging" in `statuses`, also those whose purge never finished), per user
-    (of `users`, default every user), oldest first."""
-    if not store.has_table("runs"):
-        return {}
-    rows = store.read("runs", where=(col("kind") == lit("forget")) & col("status").isin(list(statuses))).to_pylist()
+    """`forget_runs` of `statuses` per user (of `users`, default every user), oldest first."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in sorted(rows, key=lambda r: r["started_at"]):
+    for r in forget_runs(store, statuses):
         for user in r["users"] or []:
             if not users or user in users:
                 out[user].append(r)

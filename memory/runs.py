@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from memory.embed import check_embedder, embedder_for
-from memory.ids import validate_user_id
+from memory.ids import new_run_id, validate_user_id
 from memory.lease import run_lease
-from memory.nightly import forgets_started, new_run_id, pending_users
+from memory.nightly import forgets_started, pending_users
 from memory.settings import Settings
 from memory.store import Store
 from memory.units import UNITS

@@ -89,7 +89,7 @@ def train_reranker(
     `train` task, alone), holding the store's run lease like a consolidation: a forget cannot delete
     feedback while a version is trained on it."""
     from memory.lease import run_lease
-    from memory.runs import new_run_id
+    from memory.ids import new_run_id
     from retrieval.rerank import TrainConfig, train_reranker as train
 
     if scope is not None and scope not in ("global", "user"):

@@ -15,15 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping, Sequence
 
 import polars as pl
 
 from memory.errors import AppendTooLargeError
-from memory.ids import validate_user_id
+from memory.ids import new_run_id, validate_user_id
 from memory.ingest.common import OBSERVATIONS_SCHEMA, ArchiveBatch, Reader, dump_raw, quarantine_row
 from memory.ingest.readers import from_mapping
 from memory.ingest.validate import messages_frame, sessions_frame, validate_rows
@@ -81,7 +79,7 @@ def append(store: Store, user_id: str, turns: Sequence[Any], *, max_messages: in
     (default: `RetrievalSettings.append_max_messages`); a bad turn is quarantined, never raised."""
     start = time.perf_counter()
     user_id = check_batch(user_id, turns, max_messages)
-    run_id = run_id or f"append-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    run_id = run_id or new_run_id("append")
     sources = {_source(user_id, i): i for i in range(len(turns))}
     records, quarantine, read = validate_rows(_read_turns(user_id, turns))
     messages = messages_frame(records, APPEND_ARCHIVE)

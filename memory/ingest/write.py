@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Iterable
 import polars as pl
 from lancedb.expr import col
 
-from memory.ids import make_id, progress_id
+from memory.ids import make_id, new_run_id, progress_id
 from memory.ingest.common import (OBSERVATIONS_SCHEMA, REUSED_ID, SESSIONS_SCHEMA, TS, ArchiveBatch,
                                   FrameSchema, RawOf, quarantine_row)
 from memory.ingest.validate import read_archive, sessions_frame, with_raw
@@ -82,7 +81,7 @@ def ingest_batch(store: Store, batch: ArchiveBatch, *, run_id: str | None = None
     then open the store: an archive that cannot be read makes no store."""
     start = time.perf_counter() if start is None else start
     started_at = datetime.now(timezone.utc)
-    run_id = run_id or f"ingest-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    run_id = run_id or new_run_id("ingest")
     users = sorted(batch.messages["user_id"].unique().to_list())
 
     done = store_batch(store, batch, run_id)
