@@ -23,7 +23,7 @@ from evaluation.common import load_questions, paired_ci, recall_at, scratch_stor
 from memory.forget import ForgetReport, forget
 from memory.forget_purge import dir_bytes
 from memory.ingest import ingest
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
+from memory.llm.base import RulesAnswers, register_backend
 from memory.runs import consolidate, open_store
 from memory.settings import Settings
 from memory.store import Store
@@ -34,19 +34,12 @@ K = 10
 
 
 @register_backend(BACKEND)
-class CachedRules(LLMBackend):
+class CachedRules(RulesAnswers):
     """`rules` through a live backend's path: its answers are cached like a paid model's."""
 
     name = BACKEND
     live = True
     default_model = "rules-v1-cached"
-
-    def __init__(self, model: str = "") -> None:
-        super().__init__(model)
-        self.rules = get_backend("rules")
-
-    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
-        return self.rules.complete(requests)
 
 
 def pick_session(store: Store, user: str, which: str) -> str:

@@ -127,3 +127,20 @@ def get_backend(name: str, **kwargs: Any) -> LLMBackend:
 
 def known_backends() -> list[str]:
     return sorted(set(_BUILTIN) | set(_REGISTRY))
+
+
+class RulesAnswers(LLMBackend):
+    """Answers as the `rules` backend does, each answer passed through `answer` (unchanged here): for
+    benchmarks and tests that need rules' answers through another path (a `live` one is cached like a
+    paid model's) or some of them spoiled."""
+
+    def __init__(self, model: str = "") -> None:
+        super().__init__(model)
+        self.rules = get_backend("rules")
+
+    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
+        return [self.answer(r, a, i) for i, (r, a) in enumerate(zip(requests, self.rules.complete(requests)))]
+
+    def answer(self, request: LLMRequest, answer: LLMResponse, index: int) -> LLMResponse:
+        """The answer given for `request` (the `index`-th of its batch), from rules' `answer`."""
+        return answer

@@ -18,7 +18,7 @@ import pytest
 import flows.consolidate as fc
 from memory.errors import LLMError
 from memory.ingest import ingest
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
+from memory.llm.base import LLMRequest, LLMResponse, RulesAnswers, register_backend
 from memory.read import stats
 from memory.runs import open_store
 from memory.settings import Settings
@@ -146,21 +146,19 @@ def _attempt() -> int:
     return ctx.task_run.run_count if ctx else 0
 
 
-class _Wrapped(LLMBackend):
+class _Wrapped(RulesAnswers):
     """Answers like `rules`, but through a live backend's path (cache and all), recording each call."""
 
     live = True
     default_model = "rules-under-test"
 
-    def __init__(self, model: str = "") -> None:
-        super().__init__(model)
-        self.rules = get_backend("rules")
-
     def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
         with _CALLS_LOCK:
             _CALLS.append((requests[0].task, _attempt(), len(requests), requests[0].context.get("user_id")))
-        answers = self.rules.complete(requests)
-        return [self.fail(r, a, i) or a for i, (r, a) in enumerate(zip(requests, answers))]
+        return super().complete(requests)
+
+    def answer(self, request: LLMRequest, answer: LLMResponse, index: int) -> LLMResponse:
+        return self.fail(request, answer, index) or answer
 
     def fail(self, request: LLMRequest, answer: LLMResponse, i: int) -> LLMResponse | None:
         return None

@@ -18,7 +18,7 @@ import pytest
 
 from memory.errors import InvalidAnswerError
 from memory.ingest import ingest
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
+from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, RulesAnswers, register_backend
 from memory.llm.runner import LLMRunner
 from memory.prompts import extract_request, parse_extraction
 from memory.prompts.premem import validate_extraction
@@ -60,26 +60,19 @@ def _spoil(answer: dict[str, Any], how: str) -> dict[str, Any]:
 
 
 @register_backend("spoiling-extract")
-class _Spoiling(LLMBackend):
+class _Spoiling(RulesAnswers):
     """Answers like `rules`, its extraction answers spoiled as `SPOIL` says (the re-ask's too)."""
 
     name = "spoiling-extract"
     live = False
     default_model = "spoiling-v1"
 
-    def __init__(self, model: str = "") -> None:
-        super().__init__(model)
-        self.rules = get_backend("rules")
-
-    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
-        out = []
-        for r, a in zip(requests, self.rules.complete(requests)):
-            if r.task == "extract":
-                SEEN.append(r)
-                if SPOIL["how"]:
-                    a = LLMResponse(text=json.dumps(_spoil(json.loads(a.text or "{}"), SPOIL["how"])))
-            out.append(a)
-        return out
+    def answer(self, request: LLMRequest, answer: LLMResponse, index: int) -> LLMResponse:
+        if request.task != "extract":
+            return answer
+        SEEN.append(request)
+        return LLMResponse(text=json.dumps(_spoil(json.loads(answer.text or "{}"), SPOIL["how"]))) \
+            if SPOIL["how"] else answer
 
 
 @register_backend("windowed-model")

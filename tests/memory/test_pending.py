@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from memory.ingest import ingest
-from memory.llm.base import LLMBackend, LLMRequest, LLMResponse, get_backend, register_backend
+from memory.llm.base import LLMRequest, LLMResponse, RulesAnswers, register_backend
 from memory.read import PROFILE_KEY
 from memory.runs import RunReport, consolidate, open_store
 from memory.settings import Settings
@@ -24,20 +24,15 @@ FAILING: set[tuple[str, str]] = set()
 
 
 @register_backend("fails-chosen")
-class _Failing(LLMBackend):
+class _Failing(RulesAnswers):
     """Answers like `rules`, except malformed JSON (the re-ask too) for the chosen requests."""
 
     name = "fails-chosen"
     live = False
     default_model = "fails-chosen-v1"
 
-    def __init__(self, model: str = "") -> None:
-        super().__init__(model)
-        self.rules = get_backend("rules")
-
-    def complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
-        answers = self.rules.complete(requests)
-        return [LLMResponse(text='{"broken": [ oops') if _chosen(r) else a for r, a in zip(requests, answers)]
+    def answer(self, request: LLMRequest, answer: LLMResponse, index: int) -> LLMResponse:
+        return LLMResponse(text='{"broken": [ oops') if _chosen(request) else answer
 
 
 def _chosen(request: LLMRequest) -> bool:
