@@ -253,7 +253,7 @@ class Retriever:
                     "holds NaN or infinite values (or overflows float32)"
                 raise InvalidQueryError(f"the query vector {what}: it has no direction to rank by; pass the "
                                         "query's embedding (or its text)", user_id=user_id)
-            vec = vec / max(norm, 1e-12)
+            vec = vec / norm
         start = time.perf_counter()
         index = self.cache.get(user_id)
         timings["load_ms"] = (time.perf_counter() - start) * 1000
