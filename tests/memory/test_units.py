@@ -124,7 +124,10 @@ def test_a_reader_polling_during_a_consolidation_never_sees_half_a_commit(tmp_pa
         bad = half_units(store, versions)
         assert not bad, f"at {versions}: {bad[:3]}"
         seen.add(versions["watermarks"])
-        latest_bad += bool(half_units(store, {n: store.version(n) for n in CHECKED}))
+        try:   # the comparison at the latest versions: a table being created is listed before it opens
+            latest_bad += bool(half_units(store, {n: store.version(n) for n in CHECKED}))
+        except ValueError:
+            pass
         polls += 1
     assert run.wait(timeout=10) == 0 and run.stdout is not None and run.stdout.read().split() == ["completed"]
     final = store.snapshot(CHECKED)
